@@ -1,0 +1,303 @@
+//! The epoch catalog: which sealed epochs exist, which are deliverable, what is committed, and
+//! the health figures derived from them. Pure bookkeeping, no I/O.
+//!
+//! An epoch moves open -> sealed (its barrier is durable) -> deliverable (its checkpoint, or a
+//! later one, completed) -> committed (the commit store says so) and is then forgotten. A
+//! restore voids sealed epochs above the restored id. See `docs/design.md` ("Protocol").
+
+use crate::format::Position;
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A sealed, uncommitted epoch.
+#[derive(Debug, Clone)]
+pub(crate) struct EpochInfo {
+    pub id: u64,
+    pub timestamp_ms: u64,
+    pub metadata: Bytes,
+    pub records: u64,
+    pub bytes: u64,
+    pub start: Position,
+    pub barrier: Position,
+}
+
+/// State of a checkpoint as shown to operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointState {
+    /// Sealed and durable, waiting for its completion notification.
+    Sealed,
+    /// Completed: the committer will deliver it.
+    Deliverable,
+}
+
+/// One pending checkpoint, as reported by [`WalSink::pending`](crate::WalSink::pending).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingCheckpoint {
+    /// Checkpoint id.
+    pub id: u64,
+    /// Sealed or deliverable.
+    pub state: CheckpointState,
+    /// Records in the epoch.
+    pub records: u64,
+    /// Payload bytes in the epoch.
+    pub bytes: u64,
+    /// Checkpoint time, milliseconds since the Unix epoch.
+    pub timestamp_ms: u64,
+    /// The metadata blob given to `checkpoint`.
+    pub metadata: Vec<u8>,
+}
+
+/// Health of a log and its delivery, for metrics and alerts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Sealed epochs not yet committed.
+    pub backlog_epochs: u64,
+    /// Records in those epochs.
+    pub backlog_records: u64,
+    /// Payload bytes in those epochs.
+    pub backlog_bytes: u64,
+    /// Records appended to the open epoch, not yet sealed.
+    pub open_records: u64,
+    /// Payload bytes of the open epoch.
+    pub open_bytes: u64,
+    /// Age of the oldest sealed, uncommitted epoch.
+    pub oldest_pending_age: Option<Duration>,
+    /// Highest committed checkpoint id.
+    pub committed: Option<u64>,
+    /// Highest checkpoint id known to be complete.
+    pub completed: Option<u64>,
+    /// Epochs delivered since open.
+    pub delivered_epochs: u64,
+    /// Records delivered since open.
+    pub delivered_records: u64,
+    /// Failed delivery or commit-store attempts since open.
+    pub errors: u64,
+    /// Retries of the epoch now at the head of the queue.
+    pub retries: u32,
+    /// The most recent error of the sink or commit store, cleared by the next success.
+    pub last_error: Option<String>,
+    /// Time from an epoch becoming deliverable to its commit, for the most recent epoch.
+    pub last_commit_latency: Option<Duration>,
+    /// Segment files in the log.
+    pub segments: u64,
+    /// True after a failed sync: reopen the log.
+    pub poisoned: bool,
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The catalog. Invariant: `epochs` is in ascending id order, which is also log order, and
+/// holds no id at or below `committed`.
+#[derive(Debug, Default)]
+pub(crate) struct Catalog {
+    pub epochs: VecDeque<EpochInfo>,
+    pub committed: Option<u64>,
+    pub completed: Option<u64>,
+    /// When each epoch became deliverable (front-aligned with the deliverable prefix).
+    pub deliverable_since: VecDeque<(u64, std::time::Instant)>,
+    /// Position of the newest barrier: kept so its metadata (a source offset) survives GC.
+    pub last_barrier: Option<Position>,
+    /// Live segment sequence numbers, ascending.
+    pub segments: VecDeque<u64>,
+    /// Recycled segments waiting for reuse.
+    pub free: Vec<u64>,
+    pub health: Health,
+    pub shutdown: bool,
+    /// Sum of `bytes` over `epochs`.
+    backlog: u64,
+}
+
+impl Catalog {
+    /// Adds a sealed epoch (its barrier is durable).
+    pub fn seal(&mut self, e: EpochInfo) {
+        debug_assert!(self.epochs.back().is_none_or(|b| b.id < e.id));
+        debug_assert!(self.committed.is_none_or(|c| c < e.id));
+        self.last_barrier = Some(e.barrier);
+        self.backlog += e.bytes;
+        self.epochs.push_back(e);
+        self.note_deliverable();
+    }
+
+    /// Records that checkpoint `id` completed; returns true if something became deliverable.
+    pub fn complete(&mut self, id: u64) -> bool {
+        if self.completed.is_some_and(|c| c >= id) {
+            return false;
+        }
+        self.completed = Some(id);
+        self.note_deliverable()
+    }
+
+    fn note_deliverable(&mut self) -> bool {
+        let mut any = false;
+        let now = std::time::Instant::now();
+        for e in &self.epochs {
+            if !self.is_deliverable(e.id) {
+                break;
+            }
+            if self.deliverable_since.iter().all(|(id, _)| *id != e.id) {
+                self.deliverable_since.push_back((e.id, now));
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// True when checkpoint `id` is covered by a completion.
+    pub fn is_deliverable(&self, id: u64) -> bool {
+        self.completed.is_some_and(|c| id <= c)
+    }
+
+    /// The next epoch to deliver, if it is deliverable.
+    #[cfg(test)]
+    pub fn next_deliverable(&self) -> Option<&EpochInfo> {
+        self.epochs.front().filter(|e| self.is_deliverable(e.id))
+    }
+
+    /// Drops every epoch at or below `id`, which the commit store now covers. Returns the
+    /// latency of the last one dropped, measured from when it became deliverable.
+    pub fn committed_through(&mut self, id: u64) -> Option<Duration> {
+        if self.committed.is_none_or(|c| c < id) {
+            self.committed = Some(id);
+        }
+        while self.epochs.front().is_some_and(|e| e.id <= id) {
+            if let Some(e) = self.epochs.pop_front() {
+                self.backlog -= e.bytes;
+            }
+        }
+        let mut latency = None;
+        while self
+            .deliverable_since
+            .front()
+            .is_some_and(|(e, _)| *e <= id)
+        {
+            latency = self.deliverable_since.pop_front().map(|(_, t)| t.elapsed());
+        }
+        latency
+    }
+
+    /// Voids sealed epochs above `to` (all, for `None`), as a restore does.
+    pub fn restore(&mut self, to: Option<u64>) {
+        self.epochs.retain(|e| to.is_some_and(|t| e.id <= t));
+        self.backlog = self.epochs.iter().map(|e| e.bytes).sum();
+        self.deliverable_since
+            .retain(|(e, _)| to.is_some_and(|t| *e <= t));
+        if let Some(t) = to {
+            // The engine restored from `t`, so `t` completed.
+            self.complete(t);
+        }
+    }
+
+    /// Bytes held for epochs not yet committed.
+    pub fn backlog_bytes(&self) -> u64 {
+        self.backlog
+    }
+
+    /// Fills the derived health figures.
+    pub fn health(&self) -> Health {
+        let mut h = self.health.clone();
+        h.backlog_epochs = self.epochs.len() as u64;
+        h.backlog_records = self.epochs.iter().map(|e| e.records).sum();
+        h.backlog_bytes = self.backlog_bytes();
+        h.oldest_pending_age = self
+            .epochs
+            .front()
+            .map(|e| Duration::from_millis(now_ms().saturating_sub(e.timestamp_ms)));
+        h.committed = self.committed;
+        h.completed = self.completed;
+        h.segments = self.segments.len() as u64;
+        h
+    }
+
+    /// The pending checkpoints, oldest first.
+    pub fn pending(&self) -> Vec<PendingCheckpoint> {
+        self.epochs
+            .iter()
+            .map(|e| PendingCheckpoint {
+                id: e.id,
+                state: if self.is_deliverable(e.id) {
+                    CheckpointState::Deliverable
+                } else {
+                    CheckpointState::Sealed
+                },
+                records: e.records,
+                bytes: e.bytes,
+                timestamp_ms: e.timestamp_ms,
+                metadata: e.metadata.to_vec(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn epoch(id: u64) -> EpochInfo {
+        EpochInfo {
+            id,
+            timestamp_ms: now_ms(),
+            metadata: Bytes::new(),
+            records: 2,
+            bytes: 10,
+            start: Position::default(),
+            barrier: Position::default(),
+        }
+    }
+
+    #[test]
+    fn later_completion_covers_missed_one() {
+        let mut c = Catalog::default();
+        c.seal(epoch(0));
+        c.seal(epoch(1));
+        c.seal(epoch(2));
+        assert!(c.next_deliverable().is_none());
+        assert!(c.complete(0));
+        assert_eq!(c.next_deliverable().unwrap().id, 0);
+        // 1 missed; 2 covers it.
+        assert!(c.complete(2));
+        c.committed_through(0);
+        assert_eq!(c.next_deliverable().unwrap().id, 1);
+        // A late or repeated completion is a no-op.
+        assert!(!c.complete(1));
+        assert!(!c.complete(2));
+    }
+
+    #[test]
+    fn restore_voids_above_and_completes() {
+        let mut c = Catalog::default();
+        for id in 1..=4 {
+            c.seal(epoch(id));
+        }
+        c.restore(Some(2));
+        assert_eq!(
+            c.epochs.iter().map(|e| e.id).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert!(c.is_deliverable(2));
+        c.restore(None);
+        assert!(c.epochs.is_empty());
+    }
+
+    #[test]
+    fn health_counts_backlog() {
+        let mut c = Catalog::default();
+        c.seal(epoch(5));
+        c.seal(epoch(6));
+        let h = c.health();
+        assert_eq!(
+            (h.backlog_epochs, h.backlog_records, h.backlog_bytes),
+            (2, 4, 20)
+        );
+        c.complete(6);
+        c.committed_through(5);
+        assert_eq!(c.health().backlog_epochs, 1);
+        assert_eq!(c.health().committed, Some(5));
+    }
+}

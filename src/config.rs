@@ -1,0 +1,301 @@
+//! Options of a log, each with its documented default, and their validation.
+
+use crate::error::{Error, Result};
+use crate::format::{frame_size, BARRIER_FIXED_LEN, SEGMENT_END_RESERVE, SEGMENT_HEADER_LEN};
+use std::time::Duration;
+
+/// How [`WalSink::open`](crate::WalSink::open) treats damage found in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecoveryMode {
+    /// Default. A torn or unwritten tail, which a crash during an unfinished sync leaves, is
+    /// cut off and reported. Damage in data that a completed sync covered is corruption: open
+    /// fails with [`ErrorKind::Corruption`](crate::ErrorKind::Corruption) naming the segment
+    /// and offset.
+    #[default]
+    TolerateTornTail,
+    /// Lenient: keep the valid prefix up to the first damage, move the damaged and all later
+    /// segments aside (renamed `*.damaged`, never deleted) and report every checkpoint dropped.
+    /// Checkpoints after the damage are lost; use it only to get a damaged log running again.
+    TruncateAtCorruption,
+    /// Open fails on anything but a clean log, torn tails included. For inspection tools.
+    Strict,
+}
+
+/// How records become durable and how epochs are formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Default. An embedding stream processor drives epochs with `checkpoint`,
+    /// `checkpoint_complete` and `restore`; appends between checkpoints are not synced (the
+    /// source replays them after a crash).
+    #[default]
+    Checkpointed,
+    /// Durable buffer: `append` returns only once its record is durable. Concurrent appends
+    /// share one sync (group commit); each sync seals the records it covers as an automatic
+    /// checkpoint (ids counting up from 1) that is complete at once, so the committer delivers
+    /// them without an external coordinator. `checkpoint`, `checkpoint_complete` and `restore`
+    /// are refused in this mode.
+    Durable,
+}
+
+/// What an append does when the backlog reaches [`Options::max_backlog_bytes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FullPolicy {
+    /// Default. Wait until the committer frees space (backpressure).
+    #[default]
+    Block,
+    /// Fail at once with [`ErrorKind::BacklogFull`](crate::ErrorKind::BacklogFull); nothing is
+    /// written and nothing is dropped silently.
+    Reject,
+}
+
+/// Exponential backoff with full jitter, for sink and commit-store retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// First delay. Default 10 ms.
+    pub initial: Duration,
+    /// Largest delay. Default 5 s.
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            initial: Duration::from_millis(10),
+            max: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay before retry number `attempt` (1-based): a uniformly random duration between
+    /// zero and `min(max, initial * 2^(attempt-1))` ("full jitter").
+    pub fn delay(&self, attempt: u32, rng: &mut fastrand::Rng) -> Duration {
+        let cap = self
+            .initial
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
+            .min(self.max);
+        let nanos = cap.as_nanos().min(u64::MAX as u128) as u64;
+        Duration::from_nanos(rng.u64(0..=nanos))
+    }
+}
+
+/// Options of a log. Build with [`Options::new`] and the setters; every field documents its
+/// default.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Stable identity of the sink, chosen by the embedder and stored in the directory:
+    /// 1 to 64 characters of `A-Z a-z 0-9 . _ -`. Opening with another id is an error. No default.
+    pub sink_id: String,
+    /// Index of the parallel sink subtask this log belongs to. Default 0.
+    pub subtask: u32,
+    /// Checkpointed (default) or durable-buffer mode.
+    pub mode: Mode,
+    /// Create the directory and its identity if it is not a log yet. Default true.
+    pub create: bool,
+    /// Bytes per segment file, header included. Default 64 MiB; at least 4 KiB and large
+    /// enough for one record of `max_record_size`.
+    pub segment_size: u64,
+    /// Largest record accepted by `append`. Default 16 MiB; at most 1 GiB.
+    pub max_record_size: usize,
+    /// Largest checkpoint metadata blob. Default 64 KiB.
+    pub max_metadata_size: usize,
+    /// Appends are buffered in memory up to this many bytes before they are written to the
+    /// segment file (they are not durable before the next checkpoint anyway). Default 256 KiB.
+    pub write_buffer_size: usize,
+    /// How open treats damage. Default [`RecoveryMode::TolerateTornTail`].
+    pub recovery_mode: RecoveryMode,
+    /// Keep fully committed segments for reuse instead of deleting them (their blocks are
+    /// already allocated, which makes later syncs cheaper). Default true.
+    pub recycle_segments: bool,
+    /// Most recycled segments kept waiting for reuse. Default 2.
+    pub max_free_segments: usize,
+    /// Disk budget: appends wait or fail (see `full_policy`) while the bytes held for epochs
+    /// not yet committed exceed this. Default `u64::MAX` (no limit).
+    pub max_backlog_bytes: u64,
+    /// What appends do when the budget is used up. Default [`FullPolicy::Block`].
+    pub full_policy: FullPolicy,
+    /// Backoff of sink and commit-store retries. Default [`RetryPolicy::default`].
+    pub retry: RetryPolicy,
+    /// The committer marks progress in the commit store after at most this many delivered
+    /// epochs (fewer when no more epochs are ready). A crash re-delivers at most this many
+    /// epochs to a sink without its own marker. Default 1.
+    pub mark_every: usize,
+}
+
+impl Options {
+    /// Options with every default and the given sink id.
+    pub fn new(sink_id: impl Into<String>) -> Self {
+        Options {
+            sink_id: sink_id.into(),
+            subtask: 0,
+            mode: Mode::Checkpointed,
+            create: true,
+            segment_size: 64 << 20,
+            max_record_size: 16 << 20,
+            max_metadata_size: 64 << 10,
+            write_buffer_size: 256 << 10,
+            recovery_mode: RecoveryMode::default(),
+            recycle_segments: true,
+            max_free_segments: 2,
+            max_backlog_bytes: u64::MAX,
+            full_policy: FullPolicy::default(),
+            retry: RetryPolicy::default(),
+            mark_every: 1,
+        }
+    }
+
+    /// Sets [`Options::subtask`].
+    pub fn subtask(mut self, subtask: u32) -> Self {
+        self.subtask = subtask;
+        self
+    }
+
+    /// Sets [`Options::mode`].
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets [`Options::create`].
+    pub fn create(mut self, create: bool) -> Self {
+        self.create = create;
+        self
+    }
+
+    /// Sets [`Options::segment_size`].
+    pub fn segment_size(mut self, bytes: u64) -> Self {
+        self.segment_size = bytes;
+        self
+    }
+
+    /// Sets [`Options::max_record_size`].
+    pub fn max_record_size(mut self, bytes: usize) -> Self {
+        self.max_record_size = bytes;
+        self
+    }
+
+    /// Sets [`Options::recovery_mode`].
+    pub fn recovery_mode(mut self, mode: RecoveryMode) -> Self {
+        self.recovery_mode = mode;
+        self
+    }
+
+    /// Sets [`Options::max_backlog_bytes`] and [`Options::full_policy`].
+    pub fn max_backlog_bytes(mut self, bytes: u64, policy: FullPolicy) -> Self {
+        self.max_backlog_bytes = bytes;
+        self.full_policy = policy;
+        self
+    }
+
+    /// Sets [`Options::retry`].
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets [`Options::mark_every`].
+    pub fn mark_every(mut self, epochs: usize) -> Self {
+        self.mark_every = epochs;
+        self
+    }
+
+    /// Sets [`Options::recycle_segments`].
+    pub fn recycle_segments(mut self, on: bool) -> Self {
+        self.recycle_segments = on;
+        self
+    }
+
+    /// Checks every option and returns a typed error naming the first bad one.
+    pub fn sanitize(&self) -> Result<()> {
+        validate_sink_id(&self.sink_id)?;
+        if self.max_record_size == 0 || self.max_record_size > 1 << 30 {
+            return Err(Error::config(
+                "max_record_size must be between 1 byte and 1 GiB",
+            ));
+        }
+        if self.max_metadata_size > 16 << 20 {
+            return Err(Error::config("max_metadata_size must be at most 16 MiB"));
+        }
+        let largest = frame_size(
+            self.max_record_size
+                .max(BARRIER_FIXED_LEN + self.max_metadata_size),
+        );
+        let needed = (SEGMENT_HEADER_LEN + largest + SEGMENT_END_RESERVE) as u64;
+        if self.segment_size < 4096 || self.segment_size < needed {
+            return Err(Error::config(format!(
+                "segment_size {} is too small: it must be at least 4096 and hold one frame of \
+                 max_record_size or max_metadata_size ({needed} bytes)",
+                self.segment_size
+            )));
+        }
+        if self.segment_size > 1 << 40 {
+            return Err(Error::config("segment_size must be at most 1 TiB"));
+        }
+        if self.write_buffer_size == 0 {
+            return Err(Error::config("write_buffer_size must be positive"));
+        }
+        if self.mark_every == 0 {
+            return Err(Error::config("mark_every must be at least 1"));
+        }
+        if self.retry.initial.is_zero() || self.retry.max < self.retry.initial {
+            return Err(Error::config(
+                "retry: initial must be positive and not above max",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Checks a sink id: 1 to 64 characters of `A-Z a-z 0-9 . _ -`, not starting with a dot.
+pub fn validate_sink_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::config(format!(
+            "sink id {id:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ - and not start with a dot"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Options::new("s").sanitize().unwrap();
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        assert!(Options::new("").sanitize().is_err());
+        assert!(Options::new("a/b").sanitize().is_err());
+        assert!(Options::new("..").sanitize().is_err());
+        let e = Options::new("s").segment_size(100).sanitize().unwrap_err();
+        assert!(e.to_string().contains("segment_size"), "{e}");
+        assert!(Options::new("s").max_record_size(0).sanitize().is_err());
+        assert!(Options::new("s").mark_every(0).sanitize().is_err());
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let p = RetryPolicy {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(100),
+        };
+        let mut rng = fastrand::Rng::with_seed(1);
+        for attempt in 1..40 {
+            let d = p.delay(attempt, &mut rng);
+            assert!(d <= Duration::from_millis(100));
+            if attempt == 1 {
+                assert!(d <= Duration::from_millis(10));
+            }
+        }
+    }
+}

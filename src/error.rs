@@ -1,0 +1,389 @@
+//! The one public error type of walsink.
+//!
+//! [`Error`] is a small boxed handle around a [`#[non_exhaustive]`](ErrorKind) kind, so
+//! `Result<T, Error>` stays one pointer wide on the hot append path. Corruption is structured
+//! (segment, offset, reason), never a string, so tools can act on it.
+
+use std::fmt;
+use std::io;
+
+/// The result type of every fallible walsink operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error from walsink. Inspect it with [`Error::kind`].
+pub struct Error(Box<ErrorKind>);
+
+/// What went wrong. New variants may be added in minor releases.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// An operating-system I/O error.
+    Io {
+        /// What walsink was doing, for example `sync segment 00000000000000000003.wseg`.
+        context: String,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Damage in the durable part of the log: data that a completed sync covered no longer
+    /// verifies. Open fails with this unless [`RecoveryMode::TruncateAtCorruption`] is chosen.
+    ///
+    /// [`RecoveryMode::TruncateAtCorruption`]: crate::RecoveryMode::TruncateAtCorruption
+    Corruption {
+        /// File name of the damaged segment (or other file) inside the log directory.
+        segment: String,
+        /// Byte offset of the damage inside that file.
+        offset: u64,
+        /// What is wrong at that offset.
+        reason: CorruptionReason,
+    },
+    /// A file was written by a format version this build cannot read.
+    UnsupportedVersion {
+        /// The file with the unknown version.
+        file: String,
+        /// The version found in its header.
+        found: u32,
+        /// The newest version this build understands.
+        supported: u32,
+    },
+    /// The sink returned an error (the committer retries it; the embedder sees it through
+    /// [`Health::last_error`](crate::Health::last_error) or from a synchronous delivery call).
+    Sink(crate::SinkError),
+    /// The commit store failed to answer or to record a commit.
+    CommitStore {
+        /// What the commit store was asked to do.
+        context: String,
+        /// The underlying error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A sync failed earlier; the log refuses further writes until it is reopened, because
+    /// after a failed fsync the page cache may no longer match the disk.
+    Poisoned {
+        /// The error that poisoned the log.
+        cause: String,
+    },
+    /// Another handle (in this or another process) holds the log directory's lock.
+    Locked {
+        /// The locked directory.
+        dir: String,
+    },
+    /// A checkpoint id that breaks the protocol: ids must strictly increase.
+    InvalidCheckpoint {
+        /// The id passed by the caller.
+        id: u64,
+        /// The smallest id that would have been accepted.
+        min_allowed: u64,
+    },
+    /// The directory belongs to another sink id or subtask than the one given to `open`.
+    IdentityMismatch {
+        /// `sink_id/subtask` stored in the directory.
+        stored: String,
+        /// `sink_id/subtask` given by the caller.
+        given: String,
+    },
+    /// A record longer than [`Options::max_record_size`](crate::Options::max_record_size).
+    RecordTooLarge {
+        /// Length of the rejected record.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// An option value is out of range, or a name is not allowed.
+    InvalidConfig {
+        /// Which option, and why.
+        message: String,
+    },
+    /// The operation is not available in this mode or state.
+    InvalidOperation {
+        /// Why it was refused.
+        message: String,
+    },
+    /// The directory is not a walsink log (no identity file) and `create` was not asked for.
+    NotALog {
+        /// The directory.
+        dir: String,
+    },
+    /// The disk budget ([`Options::max_backlog_bytes`](crate::Options::max_backlog_bytes))
+    /// is used up and the policy is to reject rather than wait.
+    BacklogFull {
+        /// Bytes held in the log that are not yet committed.
+        backlog_bytes: u64,
+        /// The configured budget.
+        limit: u64,
+    },
+    /// The committer or the log was shut down while the caller waited.
+    Shutdown,
+}
+
+/// Why a frame, header or file failed verification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CorruptionReason {
+    /// A checksum does not match.
+    Checksum {
+        /// The checksum stored in the file.
+        expected: u32,
+        /// The checksum computed over the bytes read.
+        got: u32,
+    },
+    /// A segment header with bad magic bytes, a bad checksum, or a sequence number that does not
+    /// match the file name.
+    BadHeader,
+    /// A frame length that points past the end of its segment.
+    BadLength {
+        /// The length field.
+        len: u64,
+    },
+    /// A frame kind this version does not know.
+    UnknownKind(u8),
+    /// A frame ends past the end of the file: a torn write.
+    TornFrame,
+    /// Bytes that are not a frame where a frame must start (for example zeros before the end
+    /// of a segment that has a successor).
+    Unwritten,
+    /// A payload that does not decode (a barrier or control frame of the wrong size).
+    BadPayload,
+    /// A segment number is missing between two present segments.
+    MissingSegment {
+        /// The missing sequence number.
+        seq: u64,
+    },
+    /// A checkpoint barrier counts more records than the log holds for its epoch.
+    IncompleteEpoch {
+        /// The checkpoint id of the barrier.
+        checkpoint: u64,
+        /// Records the barrier claims.
+        expected: u64,
+        /// Records found.
+        found: u64,
+    },
+}
+
+impl fmt::Display for CorruptionReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Checksum { expected, got } => {
+                write!(
+                    f,
+                    "checksum mismatch (stored {expected:#010x}, computed {got:#010x})"
+                )
+            }
+            Self::BadHeader => f.write_str("bad segment header"),
+            Self::BadLength { len } => write!(f, "frame length {len} points past the segment end"),
+            Self::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
+            Self::TornFrame => f.write_str("torn frame (ends past the end of the file)"),
+            Self::Unwritten => f.write_str("unwritten bytes where a frame must be"),
+            Self::BadPayload => f.write_str("control frame payload does not decode"),
+            Self::MissingSegment { seq } => write!(f, "segment {seq} is missing"),
+            Self::IncompleteEpoch {
+                checkpoint,
+                expected,
+                found,
+            } => write!(
+                f,
+                "checkpoint {checkpoint} claims {expected} records but the log holds {found}"
+            ),
+        }
+    }
+}
+
+impl CorruptionReason {
+    /// A short machine-readable name, used by `verify --json`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Checksum { .. } => "checksum",
+            Self::BadHeader => "bad_header",
+            Self::BadLength { .. } => "bad_length",
+            Self::UnknownKind(_) => "unknown_kind",
+            Self::TornFrame => "torn_frame",
+            Self::Unwritten => "unwritten",
+            Self::BadPayload => "bad_payload",
+            Self::MissingSegment { .. } => "missing_segment",
+            Self::IncompleteEpoch { .. } => "incomplete_epoch",
+        }
+    }
+}
+
+impl Error {
+    /// What went wrong.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.0
+    }
+
+    /// Consumes the error and returns its kind.
+    pub fn into_kind(self) -> ErrorKind {
+        *self.0
+    }
+
+    /// True when the error says the log must be reopened before further writes.
+    pub fn is_poisoned(&self) -> bool {
+        matches!(*self.0, ErrorKind::Poisoned { .. })
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
+        ErrorKind::Io {
+            context: context.into(),
+            source,
+        }
+        .into()
+    }
+
+    pub(crate) fn corruption(
+        segment: impl Into<String>,
+        offset: u64,
+        reason: CorruptionReason,
+    ) -> Self {
+        ErrorKind::Corruption {
+            segment: segment.into(),
+            offset,
+            reason,
+        }
+        .into()
+    }
+
+    pub(crate) fn config(message: impl Into<String>) -> Self {
+        ErrorKind::InvalidConfig {
+            message: message.into(),
+        }
+        .into()
+    }
+
+    pub(crate) fn invalid_op(message: impl Into<String>) -> Self {
+        ErrorKind::InvalidOperation {
+            message: message.into(),
+        }
+        .into()
+    }
+
+    /// Wraps an error of a [`CommitStore`](crate::CommitStore) implementation.
+    pub fn commit_store(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        ErrorKind::CommitStore {
+            context: context.into(),
+            source: source.into(),
+        }
+        .into()
+    }
+}
+
+impl From<ErrorKind> for Error {
+    fn from(kind: ErrorKind) -> Self {
+        Error(Box::new(kind))
+    }
+}
+
+impl From<crate::SinkError> for Error {
+    fn from(e: crate::SinkError) -> Self {
+        ErrorKind::Sink(e).into()
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &*self.0 {
+            ErrorKind::Io { context, source } => write!(f, "I/O error while trying to {context}: {source}"),
+            ErrorKind::Corruption {
+                segment,
+                offset,
+                reason,
+            } => write!(
+                f,
+                "corruption in {segment} at offset {offset}: {reason}; run `walsink verify` for a \
+                 full report, or open with RecoveryMode::TruncateAtCorruption to keep the valid prefix"
+            ),
+            ErrorKind::UnsupportedVersion {
+                file,
+                found,
+                supported,
+            } => write!(
+                f,
+                "{file} has format version {found}, this build reads up to {supported}; use a newer walsink"
+            ),
+            ErrorKind::Sink(e) => write!(f, "sink error: {e}"),
+            ErrorKind::CommitStore { context, source } => {
+                write!(f, "commit store failed to {context}: {source}")
+            }
+            ErrorKind::Poisoned { cause } => write!(
+                f,
+                "the log is poisoned after a failed sync ({cause}); reopen it to recover"
+            ),
+            ErrorKind::Locked { dir } => write!(
+                f,
+                "{dir} is locked by another walsink handle or process; close it first"
+            ),
+            ErrorKind::InvalidCheckpoint { id, min_allowed } => write!(
+                f,
+                "checkpoint id {id} is not allowed here: ids must strictly increase (next allowed: {min_allowed})"
+            ),
+            ErrorKind::IdentityMismatch { stored, given } => write!(
+                f,
+                "this log belongs to {stored}, not {given}; open it with its own sink id and subtask"
+            ),
+            ErrorKind::RecordTooLarge { len, max } => write!(
+                f,
+                "record of {len} bytes exceeds max_record_size ({max} bytes)"
+            ),
+            ErrorKind::InvalidConfig { message } => write!(f, "invalid configuration: {message}"),
+            ErrorKind::InvalidOperation { message } => write!(f, "invalid operation: {message}"),
+            ErrorKind::NotALog { dir } => write!(
+                f,
+                "{dir} is not a walsink log (no WALSINK identity file); open with create enabled to start one"
+            ),
+            ErrorKind::BacklogFull {
+                backlog_bytes,
+                limit,
+            } => write!(
+                f,
+                "backlog of {backlog_bytes} bytes reached the budget of {limit} bytes; wait for the committer"
+            ),
+            ErrorKind::Shutdown => f.write_str("walsink was shut down"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &*self.0 {
+            ErrorKind::Io { source, .. } => Some(source),
+            ErrorKind::Sink(e) => Some(e),
+            ErrorKind::CommitStore { source, .. } => Some(&**source),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_is_one_pointer() {
+        assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
+    }
+
+    #[test]
+    fn corruption_message_names_segment_and_offset() {
+        let e = Error::corruption(
+            "00000000000000000002.wseg",
+            4096,
+            CorruptionReason::BadHeader,
+        );
+        let s = e.to_string();
+        assert!(s.contains("00000000000000000002.wseg"), "{s}");
+        assert!(s.contains("4096"), "{s}");
+    }
+
+    #[test]
+    fn io_error_has_source() {
+        use std::error::Error as _;
+        let e = Error::io("sync", io::Error::other("boom"));
+        assert!(e.source().is_some());
+    }
+}

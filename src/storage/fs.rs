@@ -1,0 +1,126 @@
+//! The real filesystem behind the [`Storage`] seam.
+
+use super::{Storage, StorageFile};
+use bytes::Bytes;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A log directory on the real filesystem.
+#[derive(Debug, Clone)]
+pub struct FsStorage {
+    dir: PathBuf,
+}
+
+impl FsStorage {
+    /// Uses `dir` as the log directory, creating it (and its parents) if missing.
+    pub fn new(dir: impl AsRef<Path>) -> io::Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        std::fs::create_dir_all(&dir)?;
+        Ok(FsStorage { dir })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+#[derive(Debug)]
+struct FsFile(File);
+
+impl StorageFile for FsFile {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write_all_at(data, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn map(&self) -> io::Result<Bytes> {
+        if self.len()? == 0 {
+            return Ok(Bytes::new());
+        }
+        // SAFETY: the engine maps only regions of segments that no longer change (sealed
+        // epochs) and never truncates a file below a region a live map covers; the mapping
+        // is read-only.
+        let map = unsafe { memmap2::Mmap::map(&self.0)? };
+        Ok(Bytes::from_owner(map))
+    }
+}
+
+impl Storage for FsStorage {
+    fn list(&self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            if let Ok(name) = entry.file_name().into_string() {
+                names.push(name);
+            } else {
+                names.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        Ok(names)
+    }
+
+    fn open(&self, name: &str) -> io::Result<Arc<dyn StorageFile>> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.dir.join(name))?;
+        Ok(Arc::new(FsFile(f)))
+    }
+
+    fn create(&self, name: &str) -> io::Result<Arc<dyn StorageFile>> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(self.dir.join(name))?;
+        Ok(Arc::new(FsFile(f)))
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        std::fs::rename(self.dir.join(from), self.dir.join(to))
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        std::fs::remove_file(self.dir.join(name))
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+
+    fn lock(&self) -> io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.dir.join("LOCK"))?;
+        match f.try_lock() {
+            Ok(()) => Ok(Box::new(f)),
+            Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                "log directory is locked",
+            )),
+            Err(std::fs::TryLockError::Error(e)) => Err(e),
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.dir.display().to_string()
+    }
+}

@@ -1,0 +1,90 @@
+//! The storage seam: every file operation of the log goes through [`Storage`] and
+//! [`StorageFile`], so tests can swap the real filesystem ([`FsStorage`]) for a simulated disk
+//! ([`SimStorage`]) that models power loss.
+//!
+//! The contract below is what the engine relies on; `docs/design.md` ("Assumptions about the
+//! disk") states the same for the real disk.
+
+use bytes::Bytes;
+use std::fmt::Debug;
+use std::io;
+use std::sync::Arc;
+
+mod fs;
+mod sim;
+
+pub use fs::FsStorage;
+pub use sim::{CrashOptions, FaultOp, SimStats, SimStorage};
+
+/// A flat directory of named files: the log directory.
+///
+/// Directory changes (create, rename, remove) are durable only after [`Storage::sync_dir`]
+/// returns; file contents only after [`StorageFile::sync_data`]. Implementations must be safe
+/// to call from several threads.
+pub trait Storage: Send + Sync + Debug {
+    /// Names of the files in the directory, in no particular order.
+    fn list(&self) -> io::Result<Vec<String>>;
+    /// Opens an existing file for reading and writing.
+    fn open(&self, name: &str) -> io::Result<Arc<dyn StorageFile>>;
+    /// Creates a file, or truncates it to zero length if it exists, and opens it.
+    fn create(&self, name: &str) -> io::Result<Arc<dyn StorageFile>>;
+    /// Atomically renames `from` to `to`, replacing `to` if it exists.
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
+    /// Removes a file. Open handles stay usable.
+    fn remove(&self, name: &str) -> io::Result<()>;
+    /// Makes all earlier directory changes durable.
+    fn sync_dir(&self) -> io::Result<()>;
+    /// Takes the exclusive lock of the directory. The lock is held until the returned guard
+    /// is dropped; a second attempt, from any handle or process, fails with
+    /// [`io::ErrorKind::WouldBlock`].
+    fn lock(&self) -> io::Result<Box<dyn Send + Sync + Debug>>;
+    /// A human-readable name of the directory, for error messages.
+    fn describe(&self) -> String;
+}
+
+/// One open file. Offsets are absolute; there is no cursor.
+pub trait StorageFile: Send + Sync + Debug {
+    /// Current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were read (0 at the end).
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// Writes all of `data` at `offset`, extending the file if needed.
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// Makes the file's contents and length durable (`fdatasync`).
+    fn sync_data(&self) -> io::Result<()>;
+    /// Sets the file length, cutting or zero-extending it. Durable after `sync_data`.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// The file's contents as of now, as shared bytes: a memory map on a real disk. Bytes
+    /// written later at offsets below the returned length may or may not be visible, so
+    /// callers only map regions that no longer change.
+    fn map(&self) -> io::Result<Bytes>;
+}
+
+/// Reads a whole small file into memory.
+pub(crate) fn read_all(file: &dyn StorageFile) -> io::Result<Vec<u8>> {
+    let len = file.len()?;
+    let len = usize::try_from(len).map_err(|_| io::Error::other("file too large"))?;
+    let mut buf = vec![0u8; len];
+    let mut at = 0;
+    while at < len {
+        let n = file.read_at(at as u64, &mut buf[at..])?;
+        if n == 0 {
+            buf.truncate(at);
+            break;
+        }
+        at += n;
+    }
+    Ok(buf)
+}
+
+/// Replaces `name` atomically with `data`: write a temporary file, sync it, rename it over
+/// `name`, sync the directory. Two data/dir syncs; a crash leaves either the old or the new file.
+pub(crate) fn replace_file(storage: &dyn Storage, name: &str, data: &[u8]) -> io::Result<()> {
+    let tmp = format!("{name}.tmp");
+    let f = storage.create(&tmp)?;
+    f.write_at(0, data)?;
+    f.sync_data()?;
+    drop(f);
+    storage.rename(&tmp, name)?;
+    storage.sync_dir()
+}

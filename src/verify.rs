@@ -1,0 +1,215 @@
+//! `verify`: a read-only check of a log directory, for operators and the CLI.
+//!
+//! It takes no lock and changes nothing, so it can run beside a live writer (a writer's
+//! unsynced tail then shows as a torn tail). Every problem names a file, an offset and a kind.
+
+use crate::commit_store::LocalCommitStore;
+use crate::error::{Error, ErrorKind, Result};
+use crate::format;
+use crate::recovery::{self, Event, IDENTITY_FILE};
+use crate::storage::{self, Storage};
+
+/// One problem found by [`verify`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The file (a segment, or another file of the directory).
+    pub segment: String,
+    /// Byte offset in that file.
+    pub offset: u64,
+    /// Machine-readable kind: `torn_tail`, `checksum`, `bad_header`, `bad_length`,
+    /// `unknown_kind`, `torn_frame`, `unwritten`, `bad_payload`, `missing_segment`,
+    /// `incomplete_epoch`, `unknown_version`, `unexpected_file`, `bad_identity`,
+    /// `bad_commit_store`.
+    pub kind: String,
+    /// Human-readable detail.
+    pub detail: String,
+}
+
+/// A checkpoint found by [`verify`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointSummary {
+    /// Checkpoint id.
+    pub id: u64,
+    /// Records in its epoch.
+    pub records: u64,
+    /// Payload bytes in its epoch.
+    pub bytes: u64,
+    /// Checkpoint time, milliseconds since the Unix epoch.
+    pub timestamp_ms: u64,
+    /// True when the commit store covers it.
+    pub committed: bool,
+    /// True when a later restore voided it.
+    pub voided: bool,
+    /// Its metadata blob.
+    pub metadata: Vec<u8>,
+}
+
+/// What [`verify`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    /// True when no problem was found.
+    pub ok: bool,
+    /// Sink id and subtask from the identity file, when it reads.
+    pub identity: Option<(String, u32)>,
+    /// Segment files with their sizes, in log order.
+    pub segments: Vec<(String, u64)>,
+    /// Data records in the valid prefix (sealed and unsealed).
+    pub records: u64,
+    /// Records after the last checkpoint (a crash or a live writer leaves these).
+    pub unsealed_records: u64,
+    /// Checkpoints in the valid prefix, in log order.
+    pub checkpoints: Vec<CheckpointSummary>,
+    /// Highest committed checkpoint according to the local commit store.
+    pub committed: Option<u64>,
+    /// Problems, in the order found.
+    pub problems: Vec<Problem>,
+}
+
+fn problem(
+    segment: impl Into<String>,
+    offset: u64,
+    kind: &str,
+    detail: impl Into<String>,
+) -> Problem {
+    Problem {
+        segment: segment.into(),
+        offset,
+        kind: kind.into(),
+        detail: detail.into(),
+    }
+}
+
+/// Checks every segment header and frame, the identity file and the commit store of the log
+/// in `storage`. Fails only on I/O errors; damage is listed in [`VerifyReport::problems`].
+pub fn verify(storage: &dyn Storage) -> Result<VerifyReport> {
+    let mut r = VerifyReport::default();
+    let names = storage
+        .list()
+        .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
+    if names.iter().any(|n| n == IDENTITY_FILE) {
+        let bytes = storage
+            .open(IDENTITY_FILE)
+            .and_then(|f| storage::read_all(&*f))
+            .map_err(|e| Error::io("read the identity file", e))?;
+        match format::decode_identity(&bytes) {
+            Ok(id) => r.identity = Some(id),
+            Err(_) => r.problems.push(problem(
+                IDENTITY_FILE,
+                0,
+                "bad_identity",
+                "identity file does not verify",
+            )),
+        }
+    } else {
+        r.problems.push(problem(
+            IDENTITY_FILE,
+            0,
+            "bad_identity",
+            "no identity file: not a walsink log",
+        ));
+    }
+    match LocalCommitStore::read(storage) {
+        Ok(c) => r.committed = c,
+        Err(e) => r.problems.push(problem(
+            recovery::COMMIT_FILE,
+            0,
+            "bad_commit_store",
+            e.to_string(),
+        )),
+    }
+    let scan = match recovery::scan(storage) {
+        Ok(s) => s,
+        Err(e) => {
+            match e.into_kind() {
+                ErrorKind::UnsupportedVersion { file, found, .. } => r.problems.push(problem(
+                    file,
+                    0,
+                    "unknown_version",
+                    format!("format version {found}"),
+                )),
+                ErrorKind::Corruption {
+                    segment,
+                    offset,
+                    reason,
+                } => r
+                    .problems
+                    .push(problem(segment, offset, reason.name(), reason.to_string())),
+                other => return Err(other.into()),
+            }
+            return Ok(r);
+        }
+    };
+    for &seq in &scan.segments {
+        let name = format::segment_name(seq);
+        let len = storage
+            .open(&name)
+            .and_then(|f| f.len())
+            .map_err(|e| Error::io(format!("stat {name}"), e))?;
+        r.segments.push((name, len));
+    }
+    for name in &scan.unexpected {
+        r.problems.push(problem(
+            name.clone(),
+            0,
+            "unexpected_file",
+            "not part of a walsink log",
+        ));
+    }
+    for ev in &scan.events {
+        match ev {
+            Event::Barrier(e) => {
+                r.records += e.records;
+                if e.partial && r.committed.is_none_or(|c| e.id > c) {
+                    let reason = crate::CorruptionReason::IncompleteEpoch {
+                        checkpoint: e.id,
+                        expected: e.records,
+                        found: 0,
+                    };
+                    r.problems.push(problem(
+                        format::segment_name(e.barrier.seq),
+                        e.barrier.offset,
+                        reason.name(),
+                        "the start of this uncommitted epoch was removed",
+                    ));
+                }
+                r.checkpoints.push(CheckpointSummary {
+                    id: e.id,
+                    records: e.records,
+                    bytes: e.bytes,
+                    timestamp_ms: e.timestamp_ms,
+                    committed: r.committed.is_some_and(|c| e.id <= c),
+                    voided: false,
+                    metadata: e.metadata.to_vec(),
+                });
+            }
+            Event::Restore { restored_to } => {
+                for c in r.checkpoints.iter_mut().filter(|c| !c.committed) {
+                    if restored_to.is_none_or(|t| c.id > t) {
+                        c.voided = true;
+                    }
+                }
+            }
+        }
+    }
+    r.unsealed_records = scan.tail_records;
+    r.records += scan.tail_records;
+    if let Some((_, d)) = &scan.damage {
+        if scan.damage_is_durable() {
+            r.problems.push(problem(
+                d.segment.clone(),
+                d.offset,
+                d.reason.name(),
+                format!("corruption of synced data: {}", d.reason),
+            ));
+        } else {
+            r.problems.push(problem(
+                d.segment.clone(),
+                d.offset,
+                "torn_tail",
+                format!("the log ends with a torn tail ({}); `walsink repair` or the next open cuts it off", d.reason),
+            ));
+        }
+    }
+    r.ok = r.problems.is_empty();
+    Ok(r)
+}

@@ -1,0 +1,827 @@
+//! [`WalSink`]: the log handle an embedder drives with append, checkpoint, complete and restore.
+//!
+//! Locking: `Shared::w` (the writer) is always taken before `Shared::cat` (the catalog) when
+//! both are needed; syncs run with neither held, so appends continue during a sync.
+
+use crate::checkpoint::{now_ms, Catalog, EpochInfo, Health, PendingCheckpoint};
+use crate::commit_store::{CommitStore, LocalCommitStore};
+use crate::config::{FullPolicy, Mode, Options, RecoveryMode};
+use crate::error::{CorruptionReason, Error, ErrorKind, Result};
+use crate::format::{self, FrameKind, Position};
+use crate::recovery::{self, Damage, Event, IDENTITY_FILE};
+use crate::segment::{NewSegment, SegmentWriter};
+use crate::storage::{self, FsStorage, Storage};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What [`WalSink::open`] found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecoveryReport {
+    /// Segment files in the log after recovery (the new active one included).
+    pub segments: usize,
+    /// Newest sealed checkpoint that survives (committed or not, not voided by a restore).
+    pub last_checkpoint: Option<u64>,
+    /// Its metadata blob (for example the source offset to resume from).
+    pub last_metadata: Option<Vec<u8>>,
+    /// Sealed checkpoints not yet committed, oldest first.
+    pub pending: Vec<u64>,
+    /// Records in those checkpoints.
+    pub pending_records: u64,
+    /// Highest committed checkpoint according to the commit store.
+    pub committed: Option<u64>,
+    /// The smallest id the next `checkpoint` may use.
+    pub next_checkpoint_id: u64,
+    /// Unsealed records after the last checkpoint, discarded (the source replays them).
+    pub unsealed_records_dropped: u64,
+    /// Payload bytes of those records.
+    pub unsealed_bytes_dropped: u64,
+    /// Where a torn tail (left by a sync that did not finish) was cut off.
+    pub torn_tail: Option<Damage>,
+    /// Corruption of durable data, kept going past only in
+    /// [`RecoveryMode::TruncateAtCorruption`].
+    pub corruption: Option<Damage>,
+    /// Checkpoint ids whose barriers verified but lay after the damage, and were dropped.
+    pub checkpoints_dropped: Vec<u64>,
+    /// Files renamed to `*.damaged` (lenient mode only; never deleted).
+    pub moved_aside: Vec<String>,
+    /// Files in the directory that are not part of a log (left alone).
+    pub unexpected_files: Vec<String>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Writer {
+    pub seg: SegmentWriter,
+    /// Everything before this position is durable.
+    pub synced: Position,
+    sync_in_flight: bool,
+    poisoned: Option<String>,
+    min_next_id: u64,
+    open_records: u64,
+    open_bytes: u64,
+    /// Position of the open epoch's first frame.
+    pub open_start: Option<Position>,
+    /// Barriers written but not yet covered by a sync, in log order.
+    pub unsynced: Vec<EpochInfo>,
+}
+
+pub(crate) struct Shared {
+    pub storage: Arc<dyn Storage>,
+    pub opts: Options,
+    pub sink_id: Arc<str>,
+    pub w: Mutex<Writer>,
+    synced_cv: Condvar,
+    pub cat: Mutex<Catalog>,
+    pub cat_cv: Condvar,
+    pub store: Mutex<Box<dyn CommitStore>>,
+    pub deliver_lock: Mutex<()>,
+    open_bytes: AtomicU64,
+    _lock: Box<dyn Send + Sync + std::fmt::Debug>,
+}
+
+/// A write-ahead-log sink: a segmented, checksummed log of records grouped into checkpointed
+/// epochs, delivered to a [`Sink`](crate::Sink) once their checkpoint completes.
+///
+/// All methods take `&self`; the handle is `Send + Sync` and can be shared (for example in an
+/// `Arc`) between appending threads and the thread that delivers.
+///
+/// # Example
+/// ```
+/// use walsink::{MemorySink, Options, WalSink};
+///
+/// let dir = tempfile::tempdir()?;
+/// let (wal, _report) = WalSink::open(dir.path(), Options::new("example"))?;
+/// wal.append(b"hello")?;
+/// wal.append(b"world")?;
+/// wal.checkpoint(1, b"source-offset=2")?; // durable when this returns
+/// wal.checkpoint_complete(1)?;             // the engine says checkpoint 1 is complete
+/// let mut sink = MemorySink::new();
+/// wal.deliver_ready(&mut sink)?;           // or wal.spawn_committer(sink) for a thread
+/// assert_eq!(sink.records(), vec![b"hello".to_vec(), b"world".to_vec()]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct WalSink {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for WalSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalSink")
+            .field("dir", &self.shared.storage.describe())
+            .field("sink_id", &self.shared.sink_id)
+            .field("subtask", &self.shared.opts.subtask)
+            .finish()
+    }
+}
+
+fn poisoned_err(cause: &str) -> Error {
+    ErrorKind::Poisoned {
+        cause: cause.to_string(),
+    }
+    .into()
+}
+
+impl WalSink {
+    /// Opens (or creates) the log in `dir`, recovers it, and reports what recovery found.
+    pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<(Self, RecoveryReport)> {
+        let dir = dir.as_ref();
+        let storage = FsStorage::new(dir)
+            .map_err(|e| Error::io(format!("create directory {}", dir.display()), e))?;
+        Self::open_with_storage(Arc::new(storage), options)
+    }
+
+    /// Opens the log on any [`Storage`], with the local commit store.
+    pub fn open_with_storage(
+        storage: Arc<dyn Storage>,
+        options: Options,
+    ) -> Result<(Self, RecoveryReport)> {
+        let store = LocalCommitStore::new(storage.clone(), &options.sink_id, options.subtask);
+        Self::open_with(storage, options, Box::new(store))
+    }
+
+    /// Opens the log on any [`Storage`] with a custom [`CommitStore`].
+    pub fn open_with(
+        storage: Arc<dyn Storage>,
+        options: Options,
+        mut store: Box<dyn CommitStore>,
+    ) -> Result<(Self, RecoveryReport)> {
+        options.sanitize()?;
+        let lock = storage.lock().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                ErrorKind::Locked {
+                    dir: storage.describe(),
+                }
+                .into()
+            } else {
+                Error::io(format!("lock {}", storage.describe()), e)
+            }
+        })?;
+        check_identity(&*storage, &options)?;
+        let scan = recovery::scan(&*storage)?;
+        let committed = store.last_committed(&options.sink_id, options.subtask)?;
+        let mut report = RecoveryReport {
+            committed,
+            unsealed_records_dropped: scan.tail_records,
+            unsealed_bytes_dropped: scan.tail_bytes,
+            unexpected_files: scan.unexpected.clone(),
+            ..Default::default()
+        };
+        let mut lenient = false;
+        if let Some((_, damage)) = &scan.damage {
+            let durable = scan.damage_is_durable();
+            let fail = match options.recovery_mode {
+                RecoveryMode::Strict => {
+                    !matches!(damage.reason, CorruptionReason::Unwritten) || durable
+                }
+                RecoveryMode::TolerateTornTail => durable,
+                RecoveryMode::TruncateAtCorruption => false,
+            };
+            if fail {
+                return Err(Error::corruption(
+                    damage.segment.clone(),
+                    damage.offset,
+                    damage.reason.clone(),
+                ));
+            }
+            if durable {
+                lenient = true;
+                report.corruption = Some(damage.clone());
+            } else {
+                report.torn_tail = Some(damage.clone());
+            }
+            report.checkpoints_dropped = scan.barriers_after_damage.clone();
+        }
+
+        // Rebuild the catalog from the control frames of the valid prefix.
+        let mut cat = Catalog::default();
+        let mut min_next_id = committed.map_or(0, |c| c + 1);
+        let mut barriers: Vec<(u64, Vec<u8>)> = Vec::new();
+        for ev in &scan.events {
+            match ev {
+                Event::Barrier(e) => {
+                    if e.partial && committed.is_none_or(|c| e.id > c) {
+                        let name = format::segment_name(e.barrier.seq);
+                        let reason = CorruptionReason::IncompleteEpoch {
+                            checkpoint: e.id,
+                            expected: e.records,
+                            found: 0,
+                        };
+                        return Err(Error::corruption(name, e.barrier.offset, reason));
+                    }
+                    min_next_id = min_next_id.max(e.id.saturating_add(1));
+                    barriers.push((e.id, e.metadata.to_vec()));
+                    cat.last_barrier = Some(e.barrier);
+                    if committed.is_none_or(|c| e.id > c) {
+                        cat.seal(EpochInfo {
+                            id: e.id,
+                            timestamp_ms: e.timestamp_ms,
+                            metadata: e.metadata.clone(),
+                            records: e.records,
+                            bytes: e.bytes,
+                            start: e.start,
+                            barrier: e.barrier,
+                        });
+                    }
+                }
+                Event::Restore { restored_to } => {
+                    barriers.retain(|(id, _)| {
+                        restored_to.is_some_and(|t| *id <= t) || committed.is_some_and(|c| *id <= c)
+                    });
+                    let completed = cat.completed;
+                    cat.restore(*restored_to);
+                    cat.completed = completed;
+                }
+            }
+        }
+        if let Some((id, meta)) = barriers.pop() {
+            report.last_checkpoint = Some(id);
+            report.last_metadata = Some(meta);
+        }
+        if options.mode == Mode::Durable {
+            if let Some(last) = cat.epochs.back().map(|e| e.id) {
+                cat.complete(last);
+            }
+        }
+
+        // Repair: cut at the end of the last control frame, drop (or set aside) what follows,
+        // and make everything kept durable before anything new is written.
+        let mut keep: Vec<u64> = scan.segments.clone();
+        if !scan.segments.is_empty() {
+            let cut = scan.cut;
+            let (kept, dropped): (Vec<u64>, Vec<u64>) =
+                scan.segments.iter().partition(|&&s| s <= cut.seq);
+            keep = kept;
+            if lenient {
+                let damaged_seq = scan.damage.as_ref().map(|(p, _)| p.seq);
+                if damaged_seq == Some(cut.seq) {
+                    let name = format::segment_name(cut.seq);
+                    copy_aside(&*storage, &name)?;
+                    report.moved_aside.push(format!("{name}.damaged"));
+                }
+                for s in &dropped {
+                    let name = format::segment_name(*s);
+                    let aside = format!("{name}.damaged");
+                    storage
+                        .rename(&name, &aside)
+                        .map_err(|e| Error::io(format!("move {name} aside"), e))?;
+                    report.moved_aside.push(aside);
+                }
+            } else {
+                for s in &dropped {
+                    let name = format::segment_name(*s);
+                    storage
+                        .remove(&name)
+                        .map_err(|e| Error::io(format!("remove torn segment {name}"), e))?;
+                }
+            }
+            let name = format::segment_name(cut.seq);
+            let file = storage
+                .open(&name)
+                .map_err(|e| Error::io(format!("open segment {name}"), e))?;
+            if !scan.cut_is_segment_end {
+                let mut frame = Vec::with_capacity(format::FRAME_HEADER_LEN * 2);
+                format::encode_frame(&mut frame, cut.seq, cut.offset, FrameKind::SegmentEnd, &[]);
+                file.write_at(cut.offset, &frame).map_err(|e| {
+                    Error::io(format!("close segment {name} at offset {}", cut.offset), e)
+                })?;
+            }
+            for s in &keep {
+                let name = format::segment_name(*s);
+                let f = storage
+                    .open(&name)
+                    .map_err(|e| Error::io(format!("open segment {name}"), e))?;
+                f.sync_data()
+                    .map_err(|e| Error::io(format!("sync segment {name}"), e))?;
+            }
+        }
+        for name in scan.leftovers.iter().filter(|n| n.ends_with(".tmp")) {
+            storage
+                .remove(name)
+                .map_err(|e| Error::io(format!("remove leftover {name}"), e))?;
+        }
+        storage
+            .sync_dir()
+            .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
+
+        // Start a fresh segment for new frames.
+        let next_seq = scan.max_seq_seen + 1;
+        let mut free = scan.free.clone();
+        let source = match (options.recycle_segments, free.pop()) {
+            (true, Some(f)) => NewSegment::Recycle(f),
+            (_, f) => {
+                if let Some(f) = f {
+                    free.push(f);
+                }
+                NewSegment::Create
+            }
+        };
+        let seg = SegmentWriter::start(
+            storage.clone(),
+            next_seq,
+            source,
+            options.segment_size,
+            options.write_buffer_size,
+        )
+        .map_err(|e| {
+            Error::io(
+                format!("create segment {}", format::segment_name(next_seq)),
+                e,
+            )
+        })?;
+        keep.push(next_seq);
+        cat.segments = keep.into_iter().collect();
+        cat.free = free;
+        report.segments = cat.segments.len();
+        report.pending = cat.epochs.iter().map(|e| e.id).collect();
+        report.pending_records = cat.epochs.iter().map(|e| e.records).sum();
+        report.next_checkpoint_id = min_next_id;
+
+        let writer = Writer {
+            seg,
+            synced: Position {
+                seq: next_seq,
+                offset: 0,
+            },
+            sync_in_flight: false,
+            poisoned: None,
+            min_next_id,
+            open_records: 0,
+            open_bytes: 0,
+            open_start: None,
+            unsynced: Vec::new(),
+        };
+        let sink_id: Arc<str> = options.sink_id.as_str().into();
+        let shared = Shared {
+            storage,
+            opts: options,
+            sink_id,
+            w: Mutex::new(writer),
+            synced_cv: Condvar::new(),
+            cat: Mutex::new(cat),
+            cat_cv: Condvar::new(),
+            store: Mutex::new(store),
+            deliver_lock: Mutex::new(()),
+            open_bytes: AtomicU64::new(0),
+            _lock: lock,
+        };
+        Ok((
+            WalSink {
+                shared: Arc::new(shared),
+            },
+            report,
+        ))
+    }
+
+    /// Appends one record to the open epoch.
+    ///
+    /// In [`Mode::Checkpointed`] the record is buffered and written without a sync: it becomes
+    /// durable with the next [`WalSink::checkpoint`]. In [`Mode::Durable`] this returns only
+    /// once the record is durable.
+    pub fn append(&self, record: &[u8]) -> Result<()> {
+        self.append_batch([record])
+    }
+
+    /// Appends records in order; in [`Mode::Durable`], one sync covers the whole batch.
+    pub fn append_batch<'a, I>(&self, records: I) -> Result<()>
+    where
+        I: IntoIterator<Item = &'a [u8]>,
+    {
+        let sh = &*self.shared;
+        let mut records = records.into_iter().peekable();
+        if records.peek().is_none() {
+            return Ok(());
+        }
+        self.wait_for_budget()?;
+        let mut w = sh.w.lock();
+        check_poison(&w)?;
+        for r in records {
+            if r.len() > sh.opts.max_record_size {
+                return Err(ErrorKind::RecordTooLarge {
+                    len: r.len(),
+                    max: sh.opts.max_record_size,
+                }
+                .into());
+            }
+            let pos = sh.write_frame(&mut w, FrameKind::Data, &[r])?;
+            w.open_start.get_or_insert(pos);
+            w.open_records += 1;
+            w.open_bytes += r.len() as u64;
+        }
+        sh.open_bytes.store(w.open_bytes, Ordering::Relaxed);
+        if sh.opts.mode == Mode::Durable {
+            let target = w.seg.position();
+            drop(w);
+            sh.sync_to(target)?;
+        }
+        Ok(())
+    }
+
+    /// Seals the open epoch as checkpoint `id` with an opaque `metadata` blob (Flink's
+    /// `snapshotState`). Returns once the epoch and its barrier are durable: one data sync per
+    /// segment written since the last sync, plus one directory sync if segments were created
+    /// or renamed. Ids must strictly increase (an empty epoch is allowed).
+    pub fn checkpoint(&self, id: u64, metadata: &[u8]) -> Result<()> {
+        let sh = &*self.shared;
+        if sh.opts.mode == Mode::Durable {
+            return Err(Error::invalid_op(
+                "checkpoint is driven automatically in durable mode",
+            ));
+        }
+        if metadata.len() > sh.opts.max_metadata_size {
+            return Err(Error::config(format!(
+                "checkpoint metadata of {} bytes exceeds max_metadata_size ({})",
+                metadata.len(),
+                sh.opts.max_metadata_size
+            )));
+        }
+        let target = {
+            let mut w = sh.w.lock();
+            check_poison(&w)?;
+            sh.write_barrier(&mut w, id, metadata)?;
+            w.seg.position()
+        };
+        sh.sync_to(target)
+    }
+
+    /// Checkpoint `id` is complete (Flink's `notifyCheckpointComplete`): every sealed epoch
+    /// with an id `<= id` becomes deliverable. A later notification covers a missed one; a
+    /// late or repeated one does nothing.
+    pub fn checkpoint_complete(&self, id: u64) -> Result<()> {
+        let sh = &*self.shared;
+        if sh.opts.mode == Mode::Durable {
+            return Err(Error::invalid_op(
+                "checkpoints complete automatically in durable mode",
+            ));
+        }
+        let mut cat = sh.cat.lock();
+        if cat.complete(id) {
+            sh.cat_cv.notify_all();
+        }
+        Ok(())
+    }
+
+    /// The engine restored from checkpoint `id` (`None`: from no checkpoint). Sealed,
+    /// uncommitted epochs above `id` and the unsealed records are voided (the source replays
+    /// them); epochs up to `id` become deliverable. Durable when it returns. Checkpoint ids
+    /// are never reused: the next checkpoint still needs an id above every id seen before.
+    pub fn restore(&self, id: Option<u64>) -> Result<()> {
+        let sh = &*self.shared;
+        if sh.opts.mode == Mode::Durable {
+            return Err(Error::invalid_op(
+                "restore is not available in durable mode",
+            ));
+        }
+        let target = {
+            let mut w = sh.w.lock();
+            check_poison(&w)?;
+            let restore = format::Restore {
+                restored_to: id,
+                durable_through: w.synced,
+            };
+            sh.write_frame(&mut w, FrameKind::Restore, &[&restore.encode()])?;
+            w.unsynced.retain(|e| id.is_some_and(|t| e.id <= t));
+            w.open_start = None;
+            w.open_records = 0;
+            w.open_bytes = 0;
+            sh.open_bytes.store(0, Ordering::Relaxed);
+            let mut cat = sh.cat.lock();
+            cat.restore(id);
+            sh.cat_cv.notify_all();
+            w.seg.position()
+        };
+        sh.sync_to(target)
+    }
+
+    /// Health figures: backlog, ages, latency, errors.
+    pub fn health(&self) -> Health {
+        let sh = &*self.shared;
+        let (open_records, open_bytes, poisoned) = {
+            let w = sh.w.lock();
+            (w.open_records, w.open_bytes, w.poisoned.is_some())
+        };
+        let mut h = sh.cat.lock().health();
+        h.open_records = open_records;
+        h.open_bytes = open_bytes;
+        h.poisoned = poisoned;
+        h
+    }
+
+    /// Sealed checkpoints not yet committed, oldest first.
+    pub fn pending(&self) -> Vec<PendingCheckpoint> {
+        self.shared.cat.lock().pending()
+    }
+
+    /// The sink id this log belongs to.
+    pub fn sink_id(&self) -> &str {
+        &self.shared.sink_id
+    }
+
+    /// The subtask this log belongs to.
+    pub fn subtask(&self) -> u32 {
+        self.shared.opts.subtask
+    }
+
+    /// Blocks while the budget of [`Options::max_backlog_bytes`] is used up.
+    fn wait_for_budget(&self) -> Result<()> {
+        let sh = &*self.shared;
+        let limit = sh.opts.max_backlog_bytes;
+        if limit == u64::MAX {
+            return Ok(());
+        }
+        let mut cat = sh.cat.lock();
+        loop {
+            let backlog = cat.backlog_bytes() + sh.open_bytes.load(Ordering::Relaxed);
+            if backlog < limit {
+                return Ok(());
+            }
+            if cat.shutdown {
+                return Err(ErrorKind::Shutdown.into());
+            }
+            // Waiting helps only when sealed epochs can be delivered to free space.
+            if sh.opts.full_policy == FullPolicy::Reject || cat.epochs.is_empty() {
+                return Err(ErrorKind::BacklogFull {
+                    backlog_bytes: backlog,
+                    limit,
+                }
+                .into());
+            }
+            sh.cat_cv.wait(&mut cat);
+        }
+    }
+}
+
+impl Drop for WalSink {
+    fn drop(&mut self) {
+        let mut cat = self.shared.cat.lock();
+        cat.shutdown = true;
+        self.shared.cat_cv.notify_all();
+    }
+}
+
+fn check_poison(w: &Writer) -> Result<()> {
+    match &w.poisoned {
+        Some(cause) => Err(poisoned_err(cause)),
+        None => Ok(()),
+    }
+}
+
+fn check_identity(storage: &dyn Storage, options: &Options) -> Result<()> {
+    let names = storage
+        .list()
+        .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
+    let given = format!("{}/{}", options.sink_id, options.subtask);
+    if names.iter().any(|n| n == IDENTITY_FILE) {
+        let f = storage
+            .open(IDENTITY_FILE)
+            .map_err(|e| Error::io("open the identity file", e))?;
+        let bytes = storage::read_all(&*f).map_err(|e| Error::io("read the identity file", e))?;
+        let (id, subtask) = format::decode_identity(&bytes).map_err(|e| match e {
+            format::HeaderError::Version(found) => ErrorKind::UnsupportedVersion {
+                file: IDENTITY_FILE.into(),
+                found,
+                supported: format::FORMAT_VERSION,
+            }
+            .into(),
+            format::HeaderError::Bad => {
+                Error::corruption(IDENTITY_FILE, 0, CorruptionReason::BadHeader)
+            }
+        })?;
+        if id != options.sink_id || subtask != options.subtask {
+            return Err(ErrorKind::IdentityMismatch {
+                stored: format!("{id}/{subtask}"),
+                given,
+            }
+            .into());
+        }
+        return Ok(());
+    }
+    if names
+        .iter()
+        .any(|n| format::parse_numbered(n, "wseg").is_some())
+    {
+        // Segments without an identity: someone removed it. Refuse to guess whose log it is.
+        return Err(Error::corruption(
+            IDENTITY_FILE,
+            0,
+            CorruptionReason::BadHeader,
+        ));
+    }
+    if !options.create {
+        return Err(ErrorKind::NotALog {
+            dir: storage.describe(),
+        }
+        .into());
+    }
+    storage::replace_file(
+        storage,
+        IDENTITY_FILE,
+        &format::encode_identity(&options.sink_id, options.subtask),
+    )
+    .map_err(|e| Error::io("write the identity file", e))
+}
+
+fn copy_aside(storage: &dyn Storage, name: &str) -> Result<()> {
+    let src = storage
+        .open(name)
+        .map_err(|e| Error::io(format!("open {name}"), e))?;
+    let data = src
+        .map()
+        .map_err(|e| Error::io(format!("read {name}"), e))?;
+    let aside = format!("{name}.damaged");
+    let dst = storage
+        .create(&aside)
+        .map_err(|e| Error::io(format!("create {aside}"), e))?;
+    dst.write_at(0, &data)
+        .and_then(|_| dst.sync_data())
+        .map_err(|e| Error::io(format!("write {aside}"), e))
+}
+
+impl Shared {
+    /// Writes one frame, rolling to a new segment first when it does not fit. Any I/O error
+    /// poisons the log.
+    pub(crate) fn write_frame(
+        &self,
+        w: &mut MutexGuard<'_, Writer>,
+        kind: FrameKind,
+        parts: &[&[u8]],
+    ) -> Result<Position> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if !w.seg.fits(len) {
+            let source = {
+                let mut cat = self.cat.lock();
+                match cat.free.pop() {
+                    Some(f) if self.opts.recycle_segments => NewSegment::Recycle(f),
+                    Some(f) => {
+                        cat.free.push(f);
+                        NewSegment::Create
+                    }
+                    None => NewSegment::Create,
+                }
+            };
+            let next = w.seg.seq() + 1;
+            if let Err(e) = w.seg.roll(source) {
+                return Err(self.poison(
+                    w,
+                    format!("roll to segment {}", format::segment_name(next)),
+                    e,
+                ));
+            }
+            self.cat.lock().segments.push_back(next);
+        }
+        match w.seg.append(kind, parts) {
+            Ok(pos) => Ok(pos),
+            Err(e) => Err(self.poison(w, "write to the active segment", e)),
+        }
+    }
+
+    /// Writes the barrier that seals the open epoch as `id`.
+    fn write_barrier(
+        &self,
+        w: &mut MutexGuard<'_, Writer>,
+        id: u64,
+        metadata: &[u8],
+    ) -> Result<()> {
+        if id < w.min_next_id {
+            return Err(ErrorKind::InvalidCheckpoint {
+                id,
+                min_allowed: w.min_next_id,
+            }
+            .into());
+        }
+        let barrier = format::Barrier {
+            checkpoint: id,
+            timestamp_ms: now_ms(),
+            records: w.open_records,
+            durable_through: w.synced,
+            metadata,
+        };
+        let pos = self.write_frame(w, FrameKind::Barrier, &[&barrier.encode_fixed(), metadata])?;
+        let info = EpochInfo {
+            id,
+            timestamp_ms: barrier.timestamp_ms,
+            metadata: bytes::Bytes::copy_from_slice(metadata),
+            records: w.open_records,
+            bytes: w.open_bytes,
+            start: w.open_start.unwrap_or(pos),
+            barrier: pos,
+        };
+        w.unsynced.push(info);
+        w.min_next_id = id.saturating_add(1);
+        w.open_start = None;
+        w.open_records = 0;
+        w.open_bytes = 0;
+        self.open_bytes.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn poison(&self, w: &mut Writer, context: impl Into<String>, e: std::io::Error) -> Error {
+        let err = Error::io(context, e);
+        w.poisoned.get_or_insert_with(|| err.to_string());
+        self.synced_cv.notify_all();
+        err
+    }
+
+    /// Returns once everything before `target` is durable. One sync runs at a time; callers
+    /// that arrive during it wait and are served by the next one (group commit). In durable
+    /// mode the syncing thread first seals the open epoch with an automatic barrier.
+    pub(crate) fn sync_to(&self, target: Position) -> Result<()> {
+        let mut w = self.w.lock();
+        loop {
+            check_poison(&w)?;
+            if w.synced >= target {
+                return Ok(());
+            }
+            if w.sync_in_flight {
+                self.synced_cv.wait(&mut w);
+                continue;
+            }
+            if self.opts.mode == Mode::Durable && w.open_records > 0 {
+                let id = w.min_next_id.max(1);
+                self.write_barrier(&mut w, id, &[])?;
+            }
+            let set = match w.seg.take_sync_set() {
+                Ok(s) => s,
+                Err(e) => return Err(self.poison(&mut w, "write to the active segment", e)),
+            };
+            let upto = w.seg.position();
+            w.sync_in_flight = true;
+            let res = MutexGuard::unlocked(&mut w, || set.sync(&*self.storage));
+            w.sync_in_flight = false;
+            if let Err((context, e)) = res {
+                let err = self.poison(&mut w, context, e);
+                return Err(err);
+            }
+            w.synced = upto;
+            let sealed: Vec<EpochInfo> = {
+                let n = w.unsynced.iter().take_while(|e| e.barrier < upto).count();
+                w.unsynced.drain(..n).collect()
+            };
+            if !sealed.is_empty() {
+                let mut cat = self.cat.lock();
+                let last = sealed.last().map(|e| e.id);
+                for e in sealed {
+                    cat.seal(e);
+                }
+                if self.opts.mode == Mode::Durable {
+                    if let Some(id) = last {
+                        cat.complete(id);
+                    }
+                }
+                self.cat_cv.notify_all();
+            }
+            self.synced_cv.notify_all();
+        }
+    }
+
+    /// Position below which no live frame remains: the start of the oldest uncommitted epoch,
+    /// the open epoch, or the newest barrier (kept for its metadata), whichever is first.
+    pub(crate) fn oldest_needed(&self) -> Position {
+        let w = self.w.lock();
+        let mut oldest = w.open_start.unwrap_or_else(|| w.seg.position());
+        if let Some(e) = w.unsynced.first() {
+            oldest = oldest.min(e.start);
+        }
+        let cat = self.cat.lock();
+        if let Some(e) = cat.epochs.front() {
+            oldest = oldest.min(e.start);
+        }
+        if let Some(b) = cat.last_barrier {
+            oldest = oldest.min(b);
+        }
+        oldest
+    }
+
+    /// Deletes or recycles whole segments below [`Self::oldest_needed`], oldest first, with a
+    /// directory sync after each so the remaining segments always form a contiguous run.
+    /// Called only after the commit store durably covers every epoch in them.
+    pub(crate) fn collect_garbage(&self) -> Result<()> {
+        let oldest = self.oldest_needed();
+        loop {
+            let (seq, recycle) = {
+                let cat = self.cat.lock();
+                match cat.segments.front() {
+                    Some(&s) if s < oldest.seq && cat.segments.len() > 1 => (
+                        s,
+                        self.opts.recycle_segments && cat.free.len() < self.opts.max_free_segments,
+                    ),
+                    _ => return Ok(()),
+                }
+            };
+            let name = format::segment_name(seq);
+            let res = if recycle {
+                self.storage.rename(&name, &format::free_name(seq))
+            } else {
+                self.storage.remove(&name)
+            };
+            res.and_then(|_| self.storage.sync_dir())
+                .map_err(|e| Error::io(format!("remove committed segment {name}"), e))?;
+            let mut cat = self.cat.lock();
+            cat.segments.pop_front();
+            if recycle {
+                cat.free.push(seq);
+            }
+        }
+    }
+}

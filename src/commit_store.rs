@@ -159,6 +159,7 @@ mod tests {
         sim.crash(CrashOptions {
             seed: 3,
             lose_all_unsynced: true,
+            process_only: false,
         });
         assert_eq!(LocalCommitStore::read(&sim).unwrap(), Some(5));
     }

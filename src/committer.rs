@@ -158,6 +158,8 @@ impl Shared {
                 .open(&name)
                 .and_then(|f| f.map())
                 .map_err(|e| Error::io(format!("read segment {name}"), e))?;
+            let seed = format::decode_segment_header(&map, pos.seq)
+                .map_err(|_| Error::corruption(name.clone(), 0, CorruptionReason::BadHeader))?;
             let mut at = pos.offset as usize;
             let run = at;
             loop {
@@ -166,7 +168,7 @@ impl Shared {
                     offset: at as u64,
                 }) == e.barrier
                 {
-                    let ok = format::decode_frame(&map, pos.seq, at)
+                    let ok = format::decode_frame(&map, seed, at)
                         .ok()
                         .filter(|f| f.kind == FrameKind::Barrier)
                         .and_then(|f| format::Barrier::decode(f.payload))
@@ -183,7 +185,7 @@ impl Shared {
                     }
                     break 'segments;
                 }
-                match format::decode_frame(&map, pos.seq, at) {
+                match format::decode_frame(&map, seed, at) {
                     Ok(f) if f.kind == FrameKind::Data => {
                         count += 1;
                         at += f.size;

@@ -120,6 +120,9 @@ pub struct Options {
     /// epochs (fewer when no more epochs are ready). A crash re-delivers at most this many
     /// epochs to a sink without its own marker. Default 1.
     pub mark_every: usize,
+    /// Seed of the random salts of new segments. Default `None` (seeded from the OS);
+    /// simulations set it so that a run replays exactly.
+    pub salt_seed: Option<u64>,
 }
 
 impl Options {
@@ -141,6 +144,7 @@ impl Options {
             full_policy: FullPolicy::default(),
             retry: RetryPolicy::default(),
             mark_every: 1,
+            salt_seed: None,
         }
     }
 
@@ -174,6 +178,18 @@ impl Options {
         self
     }
 
+    /// Sets [`Options::max_metadata_size`].
+    pub fn max_metadata_size(mut self, bytes: usize) -> Self {
+        self.max_metadata_size = bytes;
+        self
+    }
+
+    /// Sets [`Options::write_buffer_size`].
+    pub fn write_buffer_size(mut self, bytes: usize) -> Self {
+        self.write_buffer_size = bytes;
+        self
+    }
+
     /// Sets [`Options::recovery_mode`].
     pub fn recovery_mode(mut self, mode: RecoveryMode) -> Self {
         self.recovery_mode = mode;
@@ -196,6 +212,12 @@ impl Options {
     /// Sets [`Options::mark_every`].
     pub fn mark_every(mut self, epochs: usize) -> Self {
         self.mark_every = epochs;
+        self
+    }
+
+    /// Sets [`Options::salt_seed`].
+    pub fn salt_seed(mut self, seed: u64) -> Self {
+        self.salt_seed = Some(seed);
         self
     }
 

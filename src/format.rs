@@ -18,9 +18,21 @@ pub const FORMAT_VERSION: u32 = 1;
 const U32: usize = std::mem::size_of::<u32>();
 const U64: usize = std::mem::size_of::<u64>();
 
-/// Segment header: magic, version, reserved u32, sequence number, header CRC, reserved u32.
-pub const SEGMENT_HEADER_LEN: usize = SEGMENT_MAGIC.len() + U32 + U32 + U64 + U32 + U32;
-const SEG_CRC_AT: usize = SEGMENT_MAGIC.len() + U32 + U32 + U64;
+/// Segment header: magic, version, reserved u32, sequence number, salt, header CRC,
+/// reserved u32.
+pub const SEGMENT_HEADER_LEN: usize = SEGMENT_MAGIC.len() + U32 + U32 + U64 + U64 + U32 + U32;
+const SEG_CRC_AT: usize = SEGMENT_MAGIC.len() + U32 + U32 + U64 + U64;
+
+/// What every frame checksum of a segment is bound to: the segment's sequence number and the
+/// random salt chosen when the segment was started. A frame left in a file by an earlier use
+/// of the file, or of the same sequence number, never verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seed {
+    /// Segment sequence number.
+    pub seq: u64,
+    /// Random salt from the segment header.
+    pub salt: u64,
+}
 
 /// Every frame starts at a multiple of this many bytes.
 pub const FRAME_ALIGN: usize = 8;
@@ -113,12 +125,13 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + U64].try_into().expect("slice of 8"))
 }
 
-/// Encodes the header of segment `seq`.
-pub fn encode_segment_header(seq: u64) -> [u8; SEGMENT_HEADER_LEN] {
+/// Encodes the header of a segment.
+pub fn encode_segment_header(seed: Seed) -> [u8; SEGMENT_HEADER_LEN] {
     let mut h = [0u8; SEGMENT_HEADER_LEN];
     h[..8].copy_from_slice(&SEGMENT_MAGIC);
     h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    h[16..24].copy_from_slice(&seq.to_le_bytes());
+    h[16..24].copy_from_slice(&seed.seq.to_le_bytes());
+    h[24..32].copy_from_slice(&seed.salt.to_le_bytes());
     let crc = crc32fast::hash(&h[..SEG_CRC_AT]);
     h[SEG_CRC_AT..SEG_CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
     h
@@ -133,8 +146,9 @@ pub enum HeaderError {
     Version(u32),
 }
 
-/// Decodes a segment header and checks that it belongs to segment `expected_seq`.
-pub fn decode_segment_header(b: &[u8], expected_seq: u64) -> Result<(), HeaderError> {
+/// Decodes a segment header, checks that it belongs to segment `expected_seq`, and returns the
+/// segment's seed.
+pub fn decode_segment_header(b: &[u8], expected_seq: u64) -> Result<Seed, HeaderError> {
     if b.len() < SEGMENT_HEADER_LEN || b[..8] != SEGMENT_MAGIC {
         return Err(HeaderError::Bad);
     }
@@ -149,28 +163,32 @@ pub fn decode_segment_header(b: &[u8], expected_seq: u64) -> Result<(), HeaderEr
     if le_u64(b, 16) != expected_seq {
         return Err(HeaderError::Bad);
     }
-    Ok(())
+    Ok(Seed {
+        seq: expected_seq,
+        salt: le_u64(b, 24),
+    })
 }
 
-fn header_crc(seq: u64, offset: u64, rest: &[u8]) -> u32 {
+fn header_crc(seed: Seed, offset: u64, rest: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
-    h.update(&seq.to_le_bytes());
+    h.update(&seed.seq.to_le_bytes());
+    h.update(&seed.salt.to_le_bytes());
     h.update(&offset.to_le_bytes());
     h.update(rest);
     h.finalize()
 }
 
-/// Appends one frame at log position `(seq, offset)` to `out`, padding included. The frame is
-/// bound to its position: its header checksum covers `seq` and `offset`, so a stale frame in a
-/// recycled file, or a frame copied elsewhere, never verifies.
-pub fn encode_frame(out: &mut Vec<u8>, seq: u64, offset: u64, kind: FrameKind, payload: &[u8]) {
-    encode_frame_parts(out, seq, offset, kind, &[payload]);
+/// Appends one frame at `offset` of the segment with `seed` to `out`, padding included. The
+/// frame is bound to its place: its header checksum covers the seed and the offset, so a stale
+/// frame in a recycled file, or a frame copied elsewhere, never verifies.
+pub fn encode_frame(out: &mut Vec<u8>, seed: Seed, offset: u64, kind: FrameKind, payload: &[u8]) {
+    encode_frame_parts(out, seed, offset, kind, &[payload]);
 }
 
 /// Like [`encode_frame`], with the payload given as consecutive parts (no concatenation copy).
 pub fn encode_frame_parts(
     out: &mut Vec<u8>,
-    seq: u64,
+    seed: Seed,
     offset: u64,
     kind: FrameKind,
     parts: &[&[u8]],
@@ -191,7 +209,7 @@ pub fn encode_frame_parts(
     h[4..8].copy_from_slice(&(len as u32).to_le_bytes());
     h[8] = kind as u8;
     h[12..16].copy_from_slice(&payload_crc.finalize().to_le_bytes());
-    let crc = header_crc(seq, offset, &h[4..16]);
+    let crc = header_crc(seed, offset, &h[4..16]);
     h[0..4].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -217,9 +235,9 @@ pub enum FrameError {
     Bad(CorruptionReason),
 }
 
-/// Reads and verifies the frame at `buf[at..]`, which sits at log position `(seq, at)`.
+/// Reads and verifies the frame at offset `at` of a segment with `seed` whose bytes are `buf`.
 /// Never allocates and never trusts the length field beyond the buffer.
-pub fn decode_frame(buf: &[u8], seq: u64, at: usize) -> Result<FrameRef<'_>, FrameError> {
+pub fn decode_frame(buf: &[u8], seed: Seed, at: usize) -> Result<FrameRef<'_>, FrameError> {
     let Some(h) = buf.get(at..at.saturating_add(FRAME_HEADER_LEN)) else {
         if buf.len() > at && buf[at..].iter().any(|&b| b != 0) {
             return Err(FrameError::ShortHeader);
@@ -230,7 +248,7 @@ pub fn decode_frame(buf: &[u8], seq: u64, at: usize) -> Result<FrameRef<'_>, Fra
         return Err(FrameError::Zero);
     }
     let stored = le_u32(h, 0);
-    let got = header_crc(seq, at as u64, &h[4..16]);
+    let got = header_crc(seed, at as u64, &h[4..16]);
     if stored != got {
         return Err(FrameError::Bad(CorruptionReason::Checksum {
             expected: stored,
@@ -458,7 +476,7 @@ mod tests {
 
     #[test]
     fn layout_constants() {
-        assert_eq!(SEGMENT_HEADER_LEN, 32);
+        assert_eq!(SEGMENT_HEADER_LEN, 40);
         assert_eq!(FRAME_HEADER_LEN, 16);
         assert_eq!(SEGMENT_HEADER_LEN % FRAME_ALIGN, 0);
         assert_eq!(frame_size(0), 16);
@@ -468,8 +486,9 @@ mod tests {
 
     #[test]
     fn segment_header_roundtrip_and_mismatch() {
-        let h = encode_segment_header(7);
-        assert_eq!(decode_segment_header(&h, 7), Ok(()));
+        let seed = Seed { seq: 7, salt: 99 };
+        let h = encode_segment_header(seed);
+        assert_eq!(decode_segment_header(&h, 7), Ok(seed));
         assert_eq!(decode_segment_header(&h, 8), Err(HeaderError::Bad));
         let mut v = h;
         v[8] = 9;
@@ -478,31 +497,49 @@ mod tests {
         assert_eq!(decode_segment_header(&v, 7), Err(HeaderError::Version(9)));
     }
 
-    #[test]
-    fn zero_header_is_zero() {
-        let buf = [0u8; 64];
-        assert_eq!(decode_frame(&buf, 1, 32), Err(FrameError::Zero));
-        assert_eq!(decode_frame(&buf, 1, 60), Err(FrameError::Zero));
+    fn seed(seq: u64) -> Seed {
+        Seed { seq, salt: 0x5eed }
     }
 
     #[test]
-    fn frame_bound_to_position() {
+    fn zero_header_is_zero() {
+        let buf = [0u8; 64];
+        assert_eq!(decode_frame(&buf, seed(1), 32), Err(FrameError::Zero));
+        assert_eq!(decode_frame(&buf, seed(1), 60), Err(FrameError::Zero));
+    }
+
+    #[test]
+    fn frame_bound_to_seed_and_offset() {
         let mut v = vec![0u8; 32];
-        encode_frame(&mut v, 3, 32, FrameKind::Data, b"hello");
-        assert!(decode_frame(&v, 3, 32).is_ok());
-        assert!(matches!(decode_frame(&v, 4, 32), Err(FrameError::Bad(_))));
+        encode_frame(&mut v, seed(3), 32, FrameKind::Data, b"hello");
+        assert!(decode_frame(&v, seed(3), 32).is_ok());
+        assert!(matches!(
+            decode_frame(&v, seed(4), 32),
+            Err(FrameError::Bad(_))
+        ));
+        let other_salt = Seed { seq: 3, salt: 1 };
+        assert!(matches!(
+            decode_frame(&v, other_salt, 32),
+            Err(FrameError::Bad(_))
+        ));
+        let mut moved = vec![0u8; 40];
+        moved.extend_from_slice(&v[32..]);
+        assert!(matches!(
+            decode_frame(&moved, seed(3), 40),
+            Err(FrameError::Bad(_))
+        ));
     }
 
     #[test]
     fn hostile_length_does_not_allocate_or_panic() {
         let mut v = vec![0u8; 32];
-        encode_frame(&mut v, 1, 32, FrameKind::Data, b"x");
+        encode_frame(&mut v, seed(1), 32, FrameKind::Data, b"x");
         v[36..40].copy_from_slice(&u32::MAX.to_le_bytes());
         // Recompute the header CRC so only the length check can reject it.
-        let crc = header_crc(1, 32, &v[36..48]);
+        let crc = header_crc(seed(1), 32, &v[36..48]);
         v[32..36].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
-            decode_frame(&v, 1, 32),
+            decode_frame(&v, seed(1), 32),
             Err(FrameError::Bad(CorruptionReason::TornFrame))
         );
     }
@@ -534,9 +571,10 @@ mod tests {
         fn frame_roundtrip(seq in any::<u64>(), slot in 4u64..1000, payload in proptest::collection::vec(any::<u8>(), 0..300)) {
             let offset = slot * FRAME_ALIGN as u64;
             let mut v = vec![0u8; offset as usize];
-            encode_frame(&mut v, seq, offset, FrameKind::Data, &payload);
+            let sd = Seed { seq, salt: seq.rotate_left(7) };
+            encode_frame(&mut v, sd, offset, FrameKind::Data, &payload);
             prop_assert_eq!(v.len() as u64, offset + frame_size(payload.len()) as u64);
-            let f = decode_frame(&v, seq, offset as usize).unwrap();
+            let f = decode_frame(&v, sd, offset as usize).unwrap();
             prop_assert_eq!(f.kind, FrameKind::Data);
             prop_assert_eq!(f.payload, &payload[..]);
             prop_assert_eq!(peek_frame(&v, offset as usize), Some(f));
@@ -545,16 +583,16 @@ mod tests {
         #[test]
         fn any_single_bit_flip_is_detected(payload in proptest::collection::vec(any::<u8>(), 1..64), bit in any::<usize>()) {
             let mut v = vec![0u8; 32];
-            encode_frame(&mut v, 9, 32, FrameKind::Data, &payload);
+            encode_frame(&mut v, seed(9), 32, FrameKind::Data, &payload);
             let covered = FRAME_HEADER_LEN + payload.len();
             let bit = bit % (covered * 8);
             v[32 + bit / 8] ^= 1 << (bit % 8);
-            prop_assert!(decode_frame(&v, 9, 32).is_err());
+            prop_assert!(decode_frame(&v, seed(9), 32).is_err());
         }
 
         #[test]
         fn decode_arbitrary_bytes_never_panics(buf in proptest::collection::vec(any::<u8>(), 0..200), at in 0usize..220, seq in any::<u64>()) {
-            let _ = decode_frame(&buf, seq, at);
+            let _ = decode_frame(&buf, seed(seq), at);
             let _ = peek_frame(&buf, at);
             let _ = decode_segment_header(&buf, seq);
             let _ = decode_small_file(COMMIT_MAGIC, &buf);

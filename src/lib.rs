@@ -44,6 +44,7 @@ mod error;
 pub mod format;
 mod recovery;
 mod segment;
+pub mod simulation;
 mod sink;
 pub mod sinks;
 pub mod storage;

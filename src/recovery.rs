@@ -9,7 +9,7 @@
 
 use crate::error::{CorruptionReason, Error, ErrorKind, Result};
 use crate::format::{
-    self, FrameError, FrameKind, HeaderError, Position, FRAME_ALIGN, SEGMENT_HEADER_LEN,
+    self, FrameError, FrameKind, HeaderError, Position, Seed, FRAME_ALIGN, SEGMENT_HEADER_LEN,
 };
 use crate::storage::Storage;
 use bytes::Bytes;
@@ -72,6 +72,8 @@ pub(crate) struct Scan {
     pub cut: Position,
     /// True when the frame at `cut` is already a segment end.
     pub cut_is_segment_end: bool,
+    /// Seed of the segment holding `cut`.
+    pub cut_seed: Option<Seed>,
     /// Unsealed data frames after the cut, and their payload bytes.
     pub tail_records: u64,
     /// Payload bytes of those frames.
@@ -166,8 +168,8 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
             return Ok(());
         }
         let map = map_segment(storage, seq)?;
-        match format::decode_segment_header(&map, seq) {
-            Ok(()) => {}
+        let seed = match format::decode_segment_header(&map, seq) {
+            Ok(seed) => seed,
             Err(HeaderError::Version(found)) => {
                 return Err(ErrorKind::UnsupportedVersion {
                     file: name,
@@ -186,6 +188,9 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                 );
                 return Ok(());
             }
+        };
+        if i == 0 {
+            scan.cut_seed = Some(seed);
         }
         let mut at = SEGMENT_HEADER_LEN;
         loop {
@@ -194,7 +199,7 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                 offset: at as u64,
             };
             scan.valid_end = pos;
-            let frame = match format::decode_frame(&map, seq, at) {
+            let frame = match format::decode_frame(&map, seed, at) {
                 Ok(f) => f,
                 Err(FrameError::Zero) if last => {
                     finish_tail(scan, records, bytes);
@@ -252,6 +257,8 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                     }));
                     (records, bytes, epoch_start, first_epoch) = (0, 0, None, false);
                     scan.cut = next;
+                    scan.cut_is_segment_end = false;
+                    scan.cut_seed = Some(seed);
                 }
                 FrameKind::Restore => {
                     let Some(r) = format::Restore::decode(frame.payload) else {
@@ -264,6 +271,8 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                     });
                     (records, bytes, epoch_start, first_epoch) = (0, 0, None, false);
                     scan.cut = next;
+                    scan.cut_is_segment_end = false;
+                    scan.cut_seed = Some(seed);
                 }
                 FrameKind::SegmentEnd => {
                     if scan.cut == pos {
@@ -317,15 +326,25 @@ fn scan_after_damage(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
     };
     for &seq in scan.segments.iter().filter(|&&s| s >= pos.seq) {
         let map = map_segment(storage, seq)?;
+        // Frames of a segment whose header is unreadable cannot be verified: skip it.
+        let Ok(seed) = format::decode_segment_header(&map, seq) else {
+            continue;
+        };
         let mut at = if seq == pos.seq {
             (pos.offset as usize + FRAME_ALIGN).max(SEGMENT_HEADER_LEN)
         } else {
             SEGMENT_HEADER_LEN
         };
         while at + format::FRAME_HEADER_LEN <= map.len() {
-            match format::decode_frame(&map, seq, at) {
+            match format::decode_frame(&map, seed, at) {
                 Ok(frame) => {
                     if let Some(claim) = format::durable_claim(&frame) {
+                        if std::env::var("WALSINK_DEBUG").is_ok() {
+                            eprintln!(
+                                "claim {claim:?} by {:?} at seq {seq} off {at}, damage at {pos:?}",
+                                frame.kind
+                            );
+                        }
                         scan.claim_after_damage =
                             Some(scan.claim_after_damage.map_or(claim, |c| c.max(claim)));
                     }

@@ -2,7 +2,7 @@
 //! a new (or recycled) segment when it is full, and knows which files a sync must cover.
 
 use crate::format::{
-    self, FrameKind, Position, FRAME_HEADER_LEN, SEGMENT_END_RESERVE, SEGMENT_HEADER_LEN,
+    self, FrameKind, Position, Seed, FRAME_HEADER_LEN, SEGMENT_END_RESERVE, SEGMENT_HEADER_LEN,
 };
 use crate::storage::{Storage, StorageFile};
 use std::io;
@@ -54,7 +54,7 @@ pub(crate) enum NewSegment {
 #[derive(Debug)]
 pub(crate) struct SegmentWriter {
     storage: Arc<dyn Storage>,
-    seq: u64,
+    seed: Seed,
     name: String,
     file: Arc<dyn StorageFile>,
     capacity: u64,
@@ -70,20 +70,20 @@ pub(crate) struct SegmentWriter {
 }
 
 impl SegmentWriter {
-    /// Starts segment `seq`, created anew or recycled from a free segment.
+    /// Starts the segment with `seed`, created anew or recycled from a free segment.
     pub fn start(
         storage: Arc<dyn Storage>,
-        seq: u64,
+        seed: Seed,
         source: NewSegment,
         capacity: u64,
         buf_limit: usize,
     ) -> io::Result<Self> {
-        let (name, file) = open_segment(&*storage, seq, source)?;
+        let (name, file) = open_segment(&*storage, seed.seq, source)?;
         let mut buf = Vec::with_capacity(buf_limit + 4096);
-        buf.extend_from_slice(&format::encode_segment_header(seq));
+        buf.extend_from_slice(&format::encode_segment_header(seed));
         Ok(SegmentWriter {
             storage,
-            seq,
+            seed,
             name,
             file,
             capacity,
@@ -98,13 +98,13 @@ impl SegmentWriter {
 
     /// Sequence number of the active segment.
     pub fn seq(&self) -> u64 {
-        self.seq
+        self.seed.seq
     }
 
     /// Where the next frame goes.
     pub fn position(&self) -> Position {
         Position {
-            seq: self.seq,
+            seq: self.seed.seq,
             offset: self.flushed + self.buf.len() as u64,
         }
     }
@@ -119,7 +119,7 @@ impl SegmentWriter {
     /// Returns the frame's position.
     pub fn append(&mut self, kind: FrameKind, parts: &[&[u8]]) -> io::Result<Position> {
         let pos = self.position();
-        format::encode_frame_parts(&mut self.buf, pos.seq, pos.offset, kind, parts);
+        format::encode_frame_parts(&mut self.buf, self.seed, pos.offset, kind, parts);
         self.active_dirty = true;
         if self.buf.len() >= self.buf_limit {
             self.flush()?;
@@ -127,23 +127,27 @@ impl SegmentWriter {
         Ok(pos)
     }
 
-    /// Closes the active segment with a segment-end frame and continues in segment `seq + 1`.
-    pub fn roll(&mut self, source: NewSegment) -> io::Result<()> {
+    /// Closes the active segment with a segment-end frame and continues in segment `seq + 1`,
+    /// salted with `salt`.
+    pub fn roll(&mut self, source: NewSegment, salt: u64) -> io::Result<()> {
         let pos = self.position();
         format::encode_frame(
             &mut self.buf,
-            pos.seq,
+            self.seed,
             pos.offset,
             FrameKind::SegmentEnd,
             &[],
         );
         self.flush()?;
-        let next = self.seq + 1;
-        let (name, file) = open_segment(&*self.storage, next, source)?;
+        let next = Seed {
+            seq: self.seed.seq + 1,
+            salt,
+        };
+        let (name, file) = open_segment(&*self.storage, next.seq, source)?;
         let old_name = std::mem::replace(&mut self.name, name);
         let old_file = std::mem::replace(&mut self.file, file);
         self.dirty.push((old_name, old_file));
-        self.seq = next;
+        self.seed = next;
         self.flushed = 0;
         self.buf
             .extend_from_slice(&format::encode_segment_header(next));
@@ -200,7 +204,7 @@ fn open_segment(
         }
     };
     // The header is written with the first flush; stale frames of a recycled file stay behind
-    // it but never verify, as every frame's checksum covers its segment number.
+    // it but never verify, as every frame's checksum covers the segment's seed.
     debug_assert!(SEGMENT_HEADER_LEN % format::FRAME_ALIGN == 0);
     Ok((name, file))
 }
@@ -213,8 +217,14 @@ mod tests {
     #[test]
     fn roll_closes_segment_and_sync_set_covers_both() {
         let sim = SimStorage::new();
-        let mut w =
-            SegmentWriter::start(Arc::new(sim.clone()), 1, NewSegment::Create, 4096, 1024).unwrap();
+        let mut w = SegmentWriter::start(
+            Arc::new(sim.clone()),
+            Seed { seq: 1, salt: 5 },
+            NewSegment::Create,
+            4096,
+            1024,
+        )
+        .unwrap();
         let rec = [7u8; 100];
         let mut n = 0;
         while w.fits(rec.len()) {
@@ -222,7 +232,7 @@ mod tests {
             n += 1;
         }
         assert!(n > 10);
-        w.roll(NewSegment::Create).unwrap();
+        w.roll(NewSegment::Create, 6).unwrap();
         w.append(FrameKind::Data, &[&rec]).unwrap();
         let set = w.take_sync_set().unwrap();
         assert_eq!(set.data_syncs(), 2);

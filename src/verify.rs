@@ -155,22 +155,13 @@ pub fn verify(storage: &dyn Storage) -> Result<VerifyReport> {
             "not part of a walsink log",
         ));
     }
+    let mut partial = Vec::new();
     for ev in &scan.events {
         match ev {
             Event::Barrier(e) => {
                 r.records += e.records;
-                if e.partial && r.committed.is_none_or(|c| e.id > c) {
-                    let reason = crate::CorruptionReason::IncompleteEpoch {
-                        checkpoint: e.id,
-                        expected: e.records,
-                        found: 0,
-                    };
-                    r.problems.push(problem(
-                        format::segment_name(e.barrier.seq),
-                        e.barrier.offset,
-                        reason.name(),
-                        "the start of this uncommitted epoch was removed",
-                    ));
+                if e.partial {
+                    partial.push(e);
                 }
                 r.checkpoints.push(CheckpointSummary {
                     id: e.id,
@@ -189,6 +180,25 @@ pub fn verify(storage: &dyn Storage) -> Result<VerifyReport> {
                     }
                 }
             }
+        }
+    }
+    for e in partial {
+        let live = r
+            .checkpoints
+            .iter()
+            .any(|c| c.id == e.id && !c.committed && !c.voided);
+        if live {
+            let reason = crate::CorruptionReason::IncompleteEpoch {
+                checkpoint: e.id,
+                expected: e.records,
+                found: 0,
+            };
+            r.problems.push(problem(
+                format::segment_name(e.barrier.seq),
+                e.barrier.offset,
+                reason.name(),
+                "the start of this uncommitted epoch was removed",
+            ));
         }
     }
     r.unsealed_records = scan.tail_records;

@@ -65,6 +65,7 @@ pub(crate) struct Writer {
     pub open_start: Option<Position>,
     /// Barriers written but not yet covered by a sync, in log order.
     pub unsynced: Vec<EpochInfo>,
+    salt_rng: fastrand::Rng,
 }
 
 pub(crate) struct Shared {
@@ -198,17 +199,12 @@ impl WalSink {
         let mut cat = Catalog::default();
         let mut min_next_id = committed.map_or(0, |c| c + 1);
         let mut barriers: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut partial = Vec::new();
         for ev in &scan.events {
             match ev {
                 Event::Barrier(e) => {
-                    if e.partial && committed.is_none_or(|c| e.id > c) {
-                        let name = format::segment_name(e.barrier.seq);
-                        let reason = CorruptionReason::IncompleteEpoch {
-                            checkpoint: e.id,
-                            expected: e.records,
-                            found: 0,
-                        };
-                        return Err(Error::corruption(name, e.barrier.offset, reason));
+                    if e.partial {
+                        partial.push(e);
                     }
                     min_next_id = min_next_id.max(e.id.saturating_add(1));
                     barriers.push((e.id, e.metadata.to_vec()));
@@ -234,6 +230,23 @@ impl WalSink {
                     cat.completed = completed;
                 }
             }
+        }
+        // An epoch whose first frames are gone (its segments were freed) is fine only if it
+        // was committed or voided; one that is still pending lost data.
+        if let Some(e) = partial
+            .iter()
+            .find(|e| cat.epochs.iter().any(|p| p.id == e.id))
+        {
+            let reason = CorruptionReason::IncompleteEpoch {
+                checkpoint: e.id,
+                expected: e.records,
+                found: 0,
+            };
+            return Err(Error::corruption(
+                format::segment_name(e.barrier.seq),
+                e.barrier.offset,
+                reason,
+            ));
         }
         if let Some((id, meta)) = barriers.pop() {
             report.last_checkpoint = Some(id);
@@ -282,7 +295,11 @@ impl WalSink {
                 .map_err(|e| Error::io(format!("open segment {name}"), e))?;
             if !scan.cut_is_segment_end {
                 let mut frame = Vec::with_capacity(format::FRAME_HEADER_LEN * 2);
-                format::encode_frame(&mut frame, cut.seq, cut.offset, FrameKind::SegmentEnd, &[]);
+                let seed = scan.cut_seed.unwrap_or(format::Seed {
+                    seq: cut.seq,
+                    salt: 0,
+                });
+                format::encode_frame(&mut frame, seed, cut.offset, FrameKind::SegmentEnd, &[]);
                 file.write_at(cut.offset, &frame).map_err(|e| {
                     Error::io(format!("close segment {name} at offset {}", cut.offset), e)
                 })?;
@@ -305,8 +322,17 @@ impl WalSink {
             .sync_dir()
             .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
 
-        // Start a fresh segment for new frames.
-        let next_seq = scan.max_seq_seen + 1;
+        // Start a fresh segment for new frames, right after the cut so segment numbers stay
+        // contiguous. Any earlier file with that number was removed durably above, and its
+        // frames (or stale ones in a recycled file) never verify under the new salt.
+        let next_seq = match scan.segments.first() {
+            Some(_) => scan.cut.seq + 1,
+            None => scan.max_seq_seen + 1,
+        };
+        let mut salt_rng = match options.salt_seed {
+            Some(s) => fastrand::Rng::with_seed(s ^ next_seq),
+            None => fastrand::Rng::new(),
+        };
         let mut free = scan.free.clone();
         let source = match (options.recycle_segments, free.pop()) {
             (true, Some(f)) => NewSegment::Recycle(f),
@@ -319,7 +345,10 @@ impl WalSink {
         };
         let seg = SegmentWriter::start(
             storage.clone(),
-            next_seq,
+            format::Seed {
+                seq: next_seq,
+                salt: salt_rng.u64(..),
+            },
             source,
             options.segment_size,
             options.write_buffer_size,
@@ -351,6 +380,7 @@ impl WalSink {
             open_bytes: 0,
             open_start: None,
             unsynced: Vec::new(),
+            salt_rng,
         };
         let sink_id: Arc<str> = options.sink_id.as_str().into();
         let shared = Shared {
@@ -661,7 +691,8 @@ impl Shared {
                 }
             };
             let next = w.seg.seq() + 1;
-            if let Err(e) = w.seg.roll(source) {
+            let salt = w.salt_rng.u64(..);
+            if let Err(e) = w.seg.roll(source, salt) {
                 return Err(self.poison(
                     w,
                     format!("roll to segment {}", format::segment_name(next)),

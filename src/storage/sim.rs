@@ -43,6 +43,29 @@ pub struct CrashOptions {
     pub seed: u64,
     /// Keep nothing that was not synced (the most pessimistic image).
     pub lose_all_unsynced: bool,
+    /// Only the process dies, the machine stays up: everything written stays visible, but
+    /// what was not synced is still not durable (a later power loss can drop it).
+    pub process_only: bool,
+}
+
+impl CrashOptions {
+    /// A power loss with seeded choices of what unsynced data survives.
+    pub fn power_loss(seed: u64) -> Self {
+        CrashOptions {
+            seed,
+            lose_all_unsynced: false,
+            process_only: false,
+        }
+    }
+
+    /// A process kill (`kill -9`): the page cache survives.
+    pub fn process_kill() -> Self {
+        CrashOptions {
+            seed: 0,
+            lose_all_unsynced: false,
+            process_only: true,
+        }
+    }
 }
 
 /// Counters of operations, for asserting sync counts.
@@ -94,6 +117,7 @@ struct State {
     stats: SimStats,
     faults: Vec<(FaultOp, u64, io::ErrorKind)>,
     kill_after: Option<u64>,
+    kill_at_sync: Option<u64>,
     dead: bool,
 }
 
@@ -131,6 +155,15 @@ impl State {
     fn check(&mut self, op: FaultOp, mutating: bool) -> io::Result<()> {
         if self.dead {
             return Err(dead());
+        }
+        if matches!(op, FaultOp::SyncData | FaultOp::SyncDir) {
+            if let Some(n) = self.kill_at_sync.as_mut() {
+                if *n == 0 {
+                    self.dead = true;
+                    return Err(dead());
+                }
+                *n -= 1;
+            }
         }
         if mutating {
             if let Some(n) = self.kill_after.as_mut() {
@@ -189,6 +222,12 @@ impl SimStorage {
         self.state.lock().kill_after = Some(ops);
     }
 
+    /// Kills the simulated process at the `nth` (0-based) next sync (data or directory): that
+    /// sync does not happen, and every later operation fails.
+    pub fn kill_at_sync(&self, nth: u64) {
+        self.state.lock().kill_at_sync = Some(nth);
+    }
+
     /// True once the kill countdown ran out.
     pub fn is_dead(&self) -> bool {
         self.state.lock().dead
@@ -198,6 +237,15 @@ impl SimStorage {
     /// what was not synced. Old handles and the lock are released.
     pub fn crash(&self, opts: CrashOptions) {
         let mut s = self.state.lock();
+        if opts.process_only {
+            s.locked = false;
+            s.generation += 1;
+            s.dead = false;
+            s.kill_after = None;
+            s.kill_at_sync = None;
+            s.faults.clear();
+            return;
+        }
         let mut rng = fastrand::Rng::with_seed(opts.seed);
         let keep = |rng: &mut fastrand::Rng| !opts.lose_all_unsynced && rng.bool();
         // Directory: the durable entries plus a subset of the later changes, in order.
@@ -248,6 +296,7 @@ impl SimStorage {
         s.generation += 1;
         s.dead = false;
         s.kill_after = None;
+        s.kill_at_sync = None;
         s.faults.clear();
     }
 
@@ -519,10 +568,7 @@ mod tests {
             sim.sync_dir().unwrap();
             f.write_at(1000, &[2; 3000]).unwrap();
             f.write_at(0, &[3; 10]).unwrap();
-            sim.crash(CrashOptions {
-                seed,
-                lose_all_unsynced: false,
-            });
+            sim.crash(CrashOptions::power_loss(seed));
             let img = &sim.snapshot()["a"];
             assert!(img.len() >= 1000);
             assert!(img[10..1000].iter().all(|&b| b == 1));
@@ -539,6 +585,7 @@ mod tests {
         sim.crash(CrashOptions {
             seed: 1,
             lose_all_unsynced: true,
+            process_only: false,
         });
         assert!(sim.snapshot().is_empty());
         assert!(f.write_at(0, b"x").is_err());
@@ -552,10 +599,7 @@ mod tests {
             let f = sim.create("a").unwrap();
             sim.sync_dir().unwrap();
             f.write_at(0, &[7; 2048]).unwrap();
-            sim.crash(CrashOptions {
-                seed,
-                lose_all_unsynced: false,
-            });
+            sim.crash(CrashOptions::power_loss(seed));
             images.insert(sim.snapshot()["a"].clone());
         }
         assert!(images.len() > 4, "only {} distinct images", images.len());

@@ -1,0 +1,35 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use walsink::storage::SimStorage;
+use walsink::{Options, RetryPolicy, WalSink};
+
+/// Options for tests: small segments so rolls happen, fast retries.
+pub fn opts(sink: &str) -> Options {
+    Options::new(sink)
+        .segment_size(64 << 10)
+        .max_record_size(4 << 10)
+        .max_metadata_size(1 << 10)
+        .retry(RetryPolicy {
+            initial: std::time::Duration::from_millis(1),
+            max: std::time::Duration::from_millis(20),
+        })
+}
+
+pub fn open_sim(sim: &SimStorage, o: Options) -> WalSink {
+    WalSink::open_with_storage(Arc::new(sim.clone()), o)
+        .expect("open")
+        .0
+}
+
+/// Values `a..=b` as decimal records.
+pub fn values(a: u32, b: u32) -> Vec<Vec<u8>> {
+    (a..=b).map(|v| v.to_string().into_bytes()).collect()
+}
+
+pub fn append_values(wal: &WalSink, a: u32, b: u32) {
+    for v in values(a, b) {
+        wal.append(&v).expect("append");
+    }
+}

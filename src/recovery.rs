@@ -178,6 +178,11 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                 }
                 .into())
             }
+            Err(HeaderError::Bad) if last && map.iter().all(|&b| b == 0) => {
+                // Created but never written (or its first write was lost): a clean end.
+                finish_tail(scan, records, bytes);
+                return Ok(());
+            }
             Err(HeaderError::Bad) => {
                 set_damage(
                     scan,

@@ -81,7 +81,7 @@ impl SegmentWriter {
         let (name, file) = open_segment(&*storage, seed.seq, source)?;
         let mut buf = Vec::with_capacity(buf_limit + 4096);
         buf.extend_from_slice(&format::encode_segment_header(seed));
-        Ok(SegmentWriter {
+        let mut w = SegmentWriter {
             storage,
             seed,
             name,
@@ -93,7 +93,11 @@ impl SegmentWriter {
             active_dirty: true,
             dirty: Vec::new(),
             dir_dirty: true,
-        })
+        };
+        // The header goes out at once, so a segment file is never seen without one unless
+        // a crash dropped it.
+        w.flush()?;
+        Ok(w)
     }
 
     /// Sequence number of the active segment.
@@ -153,7 +157,12 @@ impl SegmentWriter {
             .extend_from_slice(&format::encode_segment_header(next));
         self.active_dirty = true;
         self.dir_dirty = true;
-        Ok(())
+        self.flush()
+    }
+
+    /// The caller synced the directory after the active segment was created.
+    pub fn dir_synced(&mut self) {
+        self.dir_dirty = false;
     }
 
     /// Writes the buffer to the active file. When there is room, a zeroed frame header goes

@@ -289,6 +289,14 @@ impl WalSink {
                         .map_err(|e| Error::io(format!("remove torn segment {name}"), e))?;
                 }
             }
+            // The segments after the cut must be gone for good before the cut segment gets
+            // its closing frame: otherwise a crash could let the next recovery read them as
+            // the continuation of the log.
+            if !dropped.is_empty() {
+                storage
+                    .sync_dir()
+                    .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
+            }
             let name = format::segment_name(cut.seq);
             let file = storage
                 .open(&name)
@@ -318,10 +326,6 @@ impl WalSink {
                 .remove(name)
                 .map_err(|e| Error::io(format!("remove leftover {name}"), e))?;
         }
-        storage
-            .sync_dir()
-            .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
-
         // Start a fresh segment for new frames, right after the cut so segment numbers stay
         // contiguous. Any earlier file with that number was removed durably above, and its
         // frames (or stale ones in a recycled file) never verify under the new salt.
@@ -359,6 +363,12 @@ impl WalSink {
                 e,
             )
         })?;
+        // One directory sync covers the repairs above and the new segment's name.
+        storage
+            .sync_dir()
+            .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
+        let mut seg = seg;
+        seg.dir_synced();
         keep.push(next_seq);
         cat.segments = keep.into_iter().collect();
         cat.free = free;

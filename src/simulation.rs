@@ -20,6 +20,92 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// One step of a workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Append a batch of `count` (1..=4) records, each padded by `pad` bytes (mod 400).
+    Append {
+        /// Records in the batch.
+        count: u8,
+        /// Padding of each record.
+        pad: u16,
+    },
+    /// Checkpoint with the next id plus `skip` (mod 3) and `meta` (mod 20) metadata bytes.
+    Checkpoint {
+        /// Ids skipped.
+        skip: u8,
+        /// Metadata length.
+        meta: u8,
+    },
+    /// Complete the newest durable checkpoint (or the one before it, if `older`).
+    Complete {
+        /// Complete an older one.
+        older: bool,
+    },
+    /// Deliver what is ready; the sink fails once first if `fail`.
+    Deliver {
+        /// Make the first delivery fail.
+        fail: bool,
+    },
+    /// Restore from the oldest checkpoint the engine may restore from.
+    Restore,
+    /// Close and reopen the log cleanly.
+    Reopen,
+    /// Arm a kill at the `n`-th (mod 6) next sync.
+    KillAtSync(u8),
+    /// Arm a kill after `n` (mod 40) more mutating storage operations.
+    KillAfter(u8),
+}
+
+impl Op {
+    /// Draws a random operation with the workload's weights.
+    pub fn random(rng: &mut fastrand::Rng) -> Op {
+        match rng.u8(0..100) {
+            0..=49 => Op::Append {
+                count: rng.u8(1..=4),
+                pad: rng.u16(0..400),
+            },
+            50..=64 => Op::Checkpoint {
+                skip: rng.u8(0..3),
+                meta: rng.u8(0..20),
+            },
+            65..=76 => Op::Complete {
+                older: rng.u8(0..4) == 0,
+            },
+            77..=90 => Op::Deliver {
+                fail: rng.u8(0..5) == 0,
+            },
+            91..=94 => Op::Restore,
+            _ => Op::Reopen,
+        }
+    }
+
+    /// Decodes an operation from fuzzer bytes (three bytes an operation).
+    pub fn from_bytes(b: [u8; 3]) -> Op {
+        let arg = u16::from_le_bytes([b[1], b[2]]);
+        match b[0] % 16 {
+            0..=5 => Op::Append {
+                count: 1 + b[1] % 4,
+                pad: arg % 400,
+            },
+            6..=8 => Op::Checkpoint {
+                skip: b[1] % 3,
+                meta: b[2] % 20,
+            },
+            9 => Op::Complete {
+                older: b[1] & 1 == 1,
+            },
+            10 | 11 => Op::Deliver {
+                fail: b[1] & 1 == 1,
+            },
+            12 => Op::Restore,
+            13 => Op::Reopen,
+            14 => Op::KillAtSync(b[1] % 6),
+            _ => Op::KillAfter(b[1] % 40),
+        }
+    }
+}
+
 /// One simulation failure: the seed and what went wrong.
 #[derive(Debug, Clone)]
 pub struct SimFailure {
@@ -251,17 +337,9 @@ impl Run {
     }
 
     /// Runs one operation. `Err` with message "dead" means the simulated process died.
-    fn op(&mut self) -> Result<(), SimFailure> {
+    fn op(&mut self, op: Op) -> Result<(), SimFailure> {
         if std::env::var("WALSINK_DEBUG").is_ok() {
-            eprintln!(
-                "step {} files {:?}",
-                self.step,
-                self.sim
-                    .snapshot()
-                    .iter()
-                    .map(|(n, d)| (n.clone(), d.len()))
-                    .collect::<Vec<_>>()
-            );
+            eprintln!("step {} {op:?}", self.step);
         }
         let dead = |r: &Run, what: &str, e: crate::Error| {
             if r.sim.is_dead() {
@@ -270,26 +348,25 @@ impl Run {
                 r.fail(format!("{what} failed: {e}"))
             }
         };
-        match self.rng.u8(0..100) {
-            0..=49 => {
-                let n = self.rng.usize(1..=4);
+        match op {
+            Op::Append { count, pad } => {
                 let mut batch = Vec::new();
-                for _ in 0..n {
+                for _ in 0..count.clamp(1, 4) {
                     self.model.counter += 1;
-                    let pad = self.rng.usize(0..400);
                     let mut r = format!("{}:{}:", self.seed, self.model.counter).into_bytes();
-                    r.resize(r.len() + pad, b'a' + (self.model.counter % 26) as u8);
+                    r.resize(
+                        r.len() + (pad % 400) as usize,
+                        b'a' + (self.model.counter % 26) as u8,
+                    );
                     batch.push(r);
                 }
                 let res = self.wal().append_batch(batch.iter().map(|r| r.as_slice()));
                 res.map_err(|e| dead(self, "append", e))?;
                 self.model.open.extend(batch);
             }
-            50..=64 => {
-                let id = self.model.next_id + self.rng.u64(0..3);
-                let meta: Vec<u8> = (0..self.rng.usize(0..20))
-                    .map(|_| self.rng.u8(..))
-                    .collect();
+            Op::Checkpoint { skip, meta } => {
+                let id = self.model.next_id + (skip % 3) as u64;
+                let meta: Vec<u8> = (0..meta % 20).map(|_| self.rng.u8(..)).collect();
                 let records = std::mem::take(&mut self.model.open);
                 self.model.epochs.insert(id, (records, meta.clone()));
                 self.model.next_id = id + 1;
@@ -304,13 +381,9 @@ impl Run {
                     }
                 }
             }
-            65..=76 => {
+            Op::Complete { older } => {
                 if let Some(&id) = self.model.durable.iter().next_back() {
-                    let id = if self.rng.u8(0..4) == 0 {
-                        id.saturating_sub(1)
-                    } else {
-                        id
-                    };
+                    let id = if older { id.saturating_sub(1) } else { id };
                     if self.model.durable.contains(&id) {
                         self.wal()
                             .checkpoint_complete(id)
@@ -320,21 +393,20 @@ impl Run {
                     }
                 }
             }
-            77..=90 => {
-                if self.rng.u8(0..5) == 0 {
-                    self.sink.fail_next(1);
-                }
+            Op::Deliver { fail } => {
+                self.sink.fail_next(u32::from(fail));
                 let mut sink = self.sink.clone();
-                match self.wal().deliver_ready(&mut sink) {
+                let res = self.wal().deliver_ready(&mut sink);
+                self.sink.fail_next(0);
+                match res {
                     Ok(_) => {}
                     Err(e) if self.sim.is_dead() => return Err(dead(self, "deliver", e)),
                     Err(e) if matches!(e.kind(), crate::ErrorKind::Sink(_)) => {}
                     Err(e) => return Err(self.fail(format!("delivery failed: {e}"))),
                 }
-                self.sink.fail_next(0);
                 self.check_sink()?;
             }
-            91..=94 => {
+            Op::Restore => {
                 let candidates: Vec<u64> = self
                     .model
                     .durable
@@ -346,18 +418,40 @@ impl Run {
                     self.restore(Some(t))?;
                 }
             }
-            _ => {
+            Op::Reopen => {
                 // Clean reopen: the unsealed tail goes, like after a crash.
                 self.model.open.clear();
                 self.reopen()?;
             }
+            Op::KillAtSync(n) => self.sim.kill_at_sync((n % 6) as u64),
+            Op::KillAfter(n) => self.sim.kill_after((n % 40) as u64),
         }
         Ok(())
     }
 }
 
-/// Runs seed `seed` with `ops` operations and up to `crashes` simulated crashes.
+/// Runs seed `seed`: `ops` random operations, with up to `crashes` kills armed at random.
 pub fn run(seed: u64, ops: usize, crashes: usize) -> Result<SimStats, SimFailure> {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15);
+    let mut list = Vec::with_capacity(ops + crashes);
+    let mut left = crashes;
+    for _ in 0..ops {
+        if left > 0 && rng.u8(0..8) == 0 {
+            left -= 1;
+            list.push(if rng.bool() {
+                Op::KillAtSync(rng.u8(0..6))
+            } else {
+                Op::KillAfter(rng.u8(0..40))
+            });
+        }
+        list.push(Op::random(&mut rng));
+    }
+    run_ops(seed, &list)
+}
+
+/// Runs an explicit list of operations (from a property test or a fuzzer) on a log whose
+/// options and sink kind are drawn from `seed`, then checks the final state.
+pub fn run_ops(seed: u64, ops: &[Op]) -> Result<SimStats, SimFailure> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let opts = sim_options(&mut rng);
     let marker = rng.bool();
@@ -378,25 +472,14 @@ pub fn run(seed: u64, ops: usize, crashes: usize) -> Result<SimStats, SimFailure
         stats: SimStats::default(),
     };
     r.reopen()?;
-    let mut crashes_left = crashes;
-    let mut armed = false;
-    while r.step < ops {
+    for &op in ops {
         r.step += 1;
-        if !armed && crashes_left > 0 && r.rng.u8(0..8) == 0 {
-            if r.rng.bool() {
-                r.sim.kill_at_sync(r.rng.u64(0..6));
-            } else {
-                r.sim.kill_after(r.rng.u64(0..40));
-            }
-            armed = true;
-        }
-        match r.op() {
+        match r.op(op) {
             Ok(()) => {}
             Err(f) if f.message == "dead" => {
-                armed = false;
-                crashes_left -= 1;
                 r.stats.crashes += 1;
                 r.wal = None;
+                r.sink.fail_next(0);
                 if r.rng.u8(0..4) == 0 {
                     r.sim.crash(CrashOptions::process_kill());
                 } else {
@@ -420,8 +503,8 @@ pub fn run(seed: u64, ops: usize, crashes: usize) -> Result<SimStats, SimFailure
         r.stats.ops += 1;
     }
     // Final: no more faults; complete everything and deliver; every durable epoch arrives.
-    r.sim.kill_at_sync(u64::MAX);
     r.sim.crash(CrashOptions::process_kill());
+    r.sink.fail_next(0);
     r.reopen()?;
     if let Some(&last) = r.model.durable.iter().next_back() {
         r.wal()

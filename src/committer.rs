@@ -7,11 +7,10 @@
 //! skipped, so a later checkpoint is never committed before an earlier one.
 
 use crate::checkpoint::EpochInfo;
-use crate::error::{CorruptionReason, Error, ErrorKind, Result};
-use crate::format::{self, FrameKind, Position};
-use crate::sink::{Epoch, EpochKey, Sink, SinkErrorClass};
+use crate::error::{Error, ErrorKind, Result};
+use crate::reader;
+use crate::sink::{EpochKey, Sink, SinkErrorClass};
 use crate::wal::{Shared, WalSink};
-use bytes::Bytes;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -131,7 +130,7 @@ impl Shared {
             d.unmarked += 1;
             return Ok(Step::Done(e.id));
         }
-        let epoch = self.load_epoch(&e, key)?;
+        let epoch = reader::load_epoch(&*self.storage, &e, key)?;
         if !epoch.is_empty() {
             sink.deliver(&epoch)?;
         }
@@ -144,99 +143,6 @@ impl Shared {
         cat.health.retries = 0;
         cat.health.last_error = None;
         Ok(Step::Done(e.id))
-    }
-
-    /// Reads an epoch's frames back from the log, verifying each, as zero-copy slices.
-    fn load_epoch(&self, e: &EpochInfo, key: EpochKey) -> Result<Epoch> {
-        let mut parts = Vec::new();
-        let mut count = 0u64;
-        let mut pos = e.start;
-        'segments: loop {
-            let name = format::segment_name(pos.seq);
-            let map: Bytes = self
-                .storage
-                .open(&name)
-                .and_then(|f| f.map())
-                .map_err(|e| Error::io(format!("read segment {name}"), e))?;
-            let seed = format::decode_segment_header(&map, pos.seq)
-                .map_err(|_| Error::corruption(name.clone(), 0, CorruptionReason::BadHeader))?;
-            let mut at = pos.offset as usize;
-            let run = at;
-            loop {
-                if (Position {
-                    seq: pos.seq,
-                    offset: at as u64,
-                }) == e.barrier
-                {
-                    let ok = format::decode_frame(&map, seed, at)
-                        .ok()
-                        .filter(|f| f.kind == FrameKind::Barrier)
-                        .and_then(|f| format::Barrier::decode(f.payload))
-                        .is_some_and(|b| b.checkpoint == e.id);
-                    if !ok {
-                        return Err(Error::corruption(
-                            name,
-                            at as u64,
-                            CorruptionReason::BadPayload,
-                        ));
-                    }
-                    if at > run {
-                        parts.push(map.slice(run..at));
-                    }
-                    break 'segments;
-                }
-                match format::decode_frame(&map, seed, at) {
-                    Ok(f) if f.kind == FrameKind::Data => {
-                        count += 1;
-                        at += f.size;
-                    }
-                    Ok(f) if f.kind == FrameKind::SegmentEnd => {
-                        if at > run {
-                            parts.push(map.slice(run..at));
-                        }
-                        pos = Position::segment_start(pos.seq + 1);
-                        continue 'segments;
-                    }
-                    Ok(_) => {
-                        return Err(Error::corruption(
-                            name,
-                            at as u64,
-                            CorruptionReason::BadPayload,
-                        ))
-                    }
-                    Err(format::FrameError::Bad(reason)) => {
-                        return Err(Error::corruption(name, at as u64, reason))
-                    }
-                    Err(_) => {
-                        return Err(Error::corruption(
-                            name,
-                            at as u64,
-                            CorruptionReason::Unwritten,
-                        ))
-                    }
-                }
-            }
-        }
-        if count != e.records {
-            let reason = CorruptionReason::IncompleteEpoch {
-                checkpoint: e.id,
-                expected: e.records,
-                found: count,
-            };
-            return Err(Error::corruption(
-                format::segment_name(e.barrier.seq),
-                e.barrier.offset,
-                reason,
-            ));
-        }
-        Ok(Epoch {
-            key,
-            timestamp_ms: e.timestamp_ms,
-            metadata: e.metadata.clone(),
-            records: e.records,
-            bytes: e.bytes,
-            parts,
-        })
     }
 
     fn note_error(&self, e: &Error, attempt: u32) {

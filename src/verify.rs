@@ -7,7 +7,9 @@ use crate::commit_store::LocalCommitStore;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format;
 use crate::recovery::{self, Event, IDENTITY_FILE};
+use crate::sink::{Epoch, EpochKey};
 use crate::storage::{self, Storage};
+use crate::{checkpoint::EpochInfo, reader};
 
 /// One problem found by [`verify`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,4 +224,108 @@ pub fn verify(storage: &dyn Storage) -> Result<VerifyReport> {
     }
     r.ok = r.problems.is_empty();
     Ok(r)
+}
+
+/// State of an epoch as [`dump`] sees it on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DumpState {
+    /// Covered by the commit store.
+    Committed,
+    /// Sealed and not committed.
+    Pending,
+    /// Voided by a later restore.
+    Voided,
+    /// Records after the last checkpoint (not durable; dropped at the next open).
+    Unsealed,
+}
+
+impl DumpState {
+    /// Lower-case name, for output.
+    pub fn name(self) -> &'static str {
+        match self {
+            DumpState::Committed => "committed",
+            DumpState::Pending => "pending",
+            DumpState::Voided => "voided",
+            DumpState::Unsealed => "unsealed",
+        }
+    }
+}
+
+/// Reads the records of every epoch in the valid prefix of the log, read-only, and hands each
+/// epoch to `f` with its checkpoint id (`None` for the unsealed tail) and state. Epochs whose
+/// first segments were already freed are skipped.
+pub fn dump(
+    storage: &dyn Storage,
+    mut f: impl FnMut(Option<u64>, DumpState, &Epoch) -> std::io::Result<()>,
+) -> Result<()> {
+    let names = storage
+        .list()
+        .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
+    let identity = if names.iter().any(|n| n == IDENTITY_FILE) {
+        storage
+            .open(IDENTITY_FILE)
+            .and_then(|f| storage::read_all(&*f))
+            .ok()
+            .and_then(|b| format::decode_identity(&b).ok())
+    } else {
+        None
+    };
+    let (sink_id, subtask) = identity.unwrap_or_else(|| ("unknown".into(), 0));
+    let sink_id: std::sync::Arc<str> = sink_id.into();
+    let committed = LocalCommitStore::read(storage).unwrap_or(None);
+    let scan = recovery::scan(storage)?;
+    // Which barriers a later restore voided.
+    let mut voided = std::collections::HashSet::new();
+    let mut seen: Vec<u64> = Vec::new();
+    for ev in &scan.events {
+        match ev {
+            Event::Barrier(e) => seen.push(e.id),
+            Event::Restore { restored_to } => {
+                for id in &seen {
+                    if restored_to.is_none_or(|t| *id > t) && committed.is_none_or(|c| *id > c) {
+                        voided.insert(*id);
+                    }
+                }
+            }
+        }
+    }
+    for ev in &scan.events {
+        let Event::Barrier(e) = ev else { continue };
+        if e.partial {
+            continue;
+        }
+        let info = EpochInfo {
+            id: e.id,
+            timestamp_ms: e.timestamp_ms,
+            metadata: e.metadata.clone(),
+            records: e.records,
+            bytes: e.bytes,
+            start: e.start,
+            barrier: e.barrier,
+        };
+        let key = EpochKey {
+            sink_id: sink_id.clone(),
+            subtask,
+            checkpoint: e.id,
+        };
+        let epoch = reader::load_epoch(storage, &info, key)?;
+        let state = if committed.is_some_and(|c| e.id <= c) {
+            DumpState::Committed
+        } else if voided.contains(&e.id) {
+            DumpState::Voided
+        } else {
+            DumpState::Pending
+        };
+        f(Some(e.id), state, &epoch).map_err(|e| Error::io("write the dump", e))?;
+    }
+    if scan.tail_records > 0 {
+        let key = EpochKey {
+            sink_id,
+            subtask,
+            checkpoint: u64::MAX,
+        };
+        let tail = reader::load_tail(storage, scan.cut, scan.valid_end, key)?;
+        f(None, DumpState::Unsealed, &tail).map_err(|e| Error::io("write the dump", e))?;
+    }
+    Ok(())
 }

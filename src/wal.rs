@@ -38,6 +38,9 @@ pub struct RecoveryReport {
     pub unsealed_records_dropped: u64,
     /// Payload bytes of those records.
     pub unsealed_bytes_dropped: u64,
+    /// Bytes of log files after the cut that recovery dropped: unsealed and torn frames, and
+    /// stale bytes of recycled files.
+    pub bytes_after_cut: u64,
     /// Where a torn tail (left by a sync that did not finish) was cut off.
     pub torn_tail: Option<Damage>,
     /// Corruption of durable data, kept going past only in
@@ -266,6 +269,9 @@ impl WalSink {
             let (kept, dropped): (Vec<u64>, Vec<u64>) =
                 scan.segments.iter().partition(|&&s| s <= cut.seq);
             keep = kept;
+            for s in &dropped {
+                report.bytes_after_cut += segment_len(&*storage, *s)?;
+            }
             if lenient {
                 let damaged_seq = scan.damage.as_ref().map(|(p, _)| p.seq);
                 if damaged_seq == Some(cut.seq) {
@@ -298,6 +304,10 @@ impl WalSink {
                     .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
             }
             let name = format::segment_name(cut.seq);
+            if scan.damage.is_some() || scan.valid_end != cut {
+                let len = segment_len(&*storage, cut.seq)?;
+                report.bytes_after_cut += len.saturating_sub(cut.offset);
+            }
             let file = storage
                 .open(&name)
                 .map_err(|e| Error::io(format!("open segment {name}"), e))?;
@@ -660,6 +670,14 @@ fn check_identity(storage: &dyn Storage, options: &Options) -> Result<()> {
         &format::encode_identity(&options.sink_id, options.subtask),
     )
     .map_err(|e| Error::io("write the identity file", e))
+}
+
+fn segment_len(storage: &dyn Storage, seq: u64) -> Result<u64> {
+    let name = format::segment_name(seq);
+    storage
+        .open(&name)
+        .and_then(|f| f.len())
+        .map_err(|e| Error::io(format!("stat segment {name}"), e))
 }
 
 fn copy_aside(storage: &dyn Storage, name: &str) -> Result<()> {

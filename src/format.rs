@@ -36,6 +36,7 @@ pub struct Seed {
 
 /// Every frame starts at a multiple of this many bytes.
 pub const FRAME_ALIGN: usize = 8;
+const _: () = assert!(SEGMENT_HEADER_LEN.is_multiple_of(FRAME_ALIGN));
 /// Frame header: header CRC, payload length, kind, three reserved bytes, payload CRC.
 pub const FRAME_HEADER_LEN: usize = U32 + U32 + 1 + 3 + U32;
 /// Bytes kept free at the end of every segment for its closing [`FrameKind::SegmentEnd`].

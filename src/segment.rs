@@ -1,9 +1,7 @@
 //! The segment writer: appends frames to the active segment through a write buffer, rolls to
 //! a new (or recycled) segment when it is full, and knows which files a sync must cover.
 
-use crate::format::{
-    self, FrameKind, Position, Seed, FRAME_HEADER_LEN, SEGMENT_END_RESERVE, SEGMENT_HEADER_LEN,
-};
+use crate::format::{self, FrameKind, Position, Seed, FRAME_HEADER_LEN, SEGMENT_END_RESERVE};
 use crate::storage::{Storage, StorageFile};
 use std::io;
 use std::sync::Arc;
@@ -214,7 +212,6 @@ fn open_segment(
     };
     // The header is written with the first flush; stale frames of a recycled file stay behind
     // it but never verify, as every frame's checksum covers the segment's seed.
-    debug_assert!(SEGMENT_HEADER_LEN % format::FRAME_ALIGN == 0);
     Ok((name, file))
 }
 

@@ -307,7 +307,7 @@ fn committed_segments_are_freed_and_recycled() {
     let files = sim.snapshot();
     let free = files.keys().filter(|n| n.ends_with(".free")).count();
     assert!(
-        free <= 2 && free >= 1,
+        (1..=2).contains(&free),
         "{:?}",
         files.keys().collect::<Vec<_>>()
     );

@@ -28,6 +28,12 @@ pub struct DemoArgs {
     /// Records per checkpoint.
     #[arg(long, default_value_t = 1_000)]
     pub checkpoint_every: u64,
+    /// Shortest time a pipe run lives before it is killed, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub kill_min_ms: u64,
+    /// Longest time a pipe run lives before it is killed, in milliseconds.
+    #[arg(long, default_value_t = 1500)]
+    pub kill_max_ms: u64,
     /// Seed of the kill timing (default: from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -123,6 +129,9 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
     });
+    if args.kill_min_ms > args.kill_max_ms {
+        return Err("--kill-min-ms must not exceed --kill-max-ms".into());
+    }
     let mut rng = fastrand::Rng::with_seed(seed);
     let pb = progress::spinner(args.quiet);
     pb.set_message(format!(
@@ -154,7 +163,7 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
     let mut finished = false;
     while crashes < args.crashes && !finished {
         let mut child = spawn_pipe(&pipe)?;
-        let delay = Duration::from_millis(rng.u64(100..1500));
+        let delay = Duration::from_millis(rng.u64(args.kill_min_ms..=args.kill_max_ms));
         let t = Instant::now();
         while t.elapsed() < delay {
             if child.try_wait()?.is_some() {

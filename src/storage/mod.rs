@@ -43,6 +43,7 @@ pub trait Storage: Send + Sync + Debug {
 }
 
 /// One open file. Offsets are absolute; there is no cursor.
+#[allow(clippy::len_without_is_empty)] // a file length is an I/O result, not a collection size
 pub trait StorageFile: Send + Sync + Debug {
     /// Current length in bytes.
     fn len(&self) -> io::Result<u64>;

@@ -261,9 +261,11 @@ pub fn decode_frame(buf: &[u8], seed: Seed, at: usize) -> Result<FrameRef<'_>, F
         return Err(FrameError::Bad(CorruptionReason::UnknownKind(h[8])));
     };
     let body = at + FRAME_HEADER_LEN;
-    let Some(payload) = buf.get(body..body + len) else {
+    // The whole frame, padding included, must be in the buffer: readers step by `size`.
+    if buf.len() < at + frame_size(len) {
         return Err(FrameError::Bad(CorruptionReason::TornFrame));
-    };
+    }
+    let payload = &buf[body..body + len];
     let stored = le_u32(h, 12);
     let got = crc32fast::hash(payload);
     if stored != got {
@@ -285,7 +287,10 @@ pub fn peek_frame(buf: &[u8], at: usize) -> Option<FrameRef<'_>> {
     let h = buf.get(at..at + FRAME_HEADER_LEN)?;
     let len = le_u32(h, 4) as usize;
     let kind = FrameKind::from_u8(h[8])?;
-    let payload = buf.get(at + FRAME_HEADER_LEN..at + FRAME_HEADER_LEN + len)?;
+    if buf.len() < at + frame_size(len) {
+        return None;
+    }
+    let payload = &buf[at + FRAME_HEADER_LEN..at + FRAME_HEADER_LEN + len];
     Some(FrameRef {
         kind,
         payload,
@@ -543,6 +548,18 @@ mod tests {
             decode_frame(&v, seed(1), 32),
             Err(FrameError::Bad(CorruptionReason::TornFrame))
         );
+    }
+
+    #[test]
+    fn frame_with_cut_padding_is_torn() {
+        let mut v = vec![0u8; 40];
+        encode_frame(&mut v, seed(1), 40, FrameKind::Data, b"abc");
+        v.truncate(40 + FRAME_HEADER_LEN + 3);
+        assert_eq!(
+            decode_frame(&v, seed(1), 40),
+            Err(FrameError::Bad(CorruptionReason::TornFrame))
+        );
+        assert_eq!(peek_frame(&v, 40), None);
     }
 
     #[test]

@@ -26,7 +26,9 @@ impl SyncSet {
                 .sync_dir()
                 .map_err(|e| (format!("sync directory {}", storage.describe()), e))?;
         }
-        Ok(())
+        storage
+            .check_alive()
+            .map_err(|e| (format!("check directory {}", storage.describe()), e))
     }
 
     /// Number of data syncs this set will issue.

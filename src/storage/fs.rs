@@ -12,6 +12,8 @@ use std::sync::Arc;
 #[derive(Debug, Clone)]
 pub struct FsStorage {
     dir: PathBuf,
+    /// The directory itself, held open for `fsync` and to notice its removal.
+    handle: Arc<File>,
 }
 
 impl FsStorage {
@@ -19,7 +21,8 @@ impl FsStorage {
     pub fn new(dir: impl AsRef<Path>) -> io::Result<Self> {
         let dir = dir.as_ref().to_path_buf();
         std::fs::create_dir_all(&dir)?;
-        Ok(FsStorage { dir })
+        let handle = Arc::new(File::open(&dir)?);
+        Ok(FsStorage { dir, handle })
     }
 
     /// The directory.
@@ -100,7 +103,19 @@ impl Storage for FsStorage {
     }
 
     fn sync_dir(&self) -> io::Result<()> {
-        File::open(&self.dir)?.sync_all()
+        self.handle.sync_all()?;
+        self.check_alive()
+    }
+
+    fn check_alive(&self) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        if self.handle.metadata()?.nlink() == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("log directory {} was removed", self.dir.display()),
+            ));
+        }
+        Ok(())
     }
 
     fn lock(&self) -> io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {

@@ -34,6 +34,11 @@ pub trait Storage: Send + Sync + Debug {
     fn remove(&self, name: &str) -> io::Result<()>;
     /// Makes all earlier directory changes durable.
     fn sync_dir(&self) -> io::Result<()>;
+    /// Fails if the directory was removed underneath (syncs of files in a removed directory
+    /// succeed but protect nothing). Called after every sync; must be cheap. Default: Ok.
+    fn check_alive(&self) -> io::Result<()> {
+        Ok(())
+    }
     /// Takes the exclusive lock of the directory. The lock is held until the returned guard
     /// is dropped; a second attempt, from any handle or process, fails with
     /// [`io::ErrorKind::WouldBlock`].

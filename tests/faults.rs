@@ -1,0 +1,173 @@
+//! Faults on the real filesystem: a full disk (a 2 MiB tmpfs, mounted when running as root),
+//! permission denied (an immutable directory, which stops root too), and the log directory
+//! deleted underneath. Each gives a typed error and poisons the log; after the fault is gone a
+//! reopen recovers every checkpoint that returned Ok. (EIO and failed fsyncs are injected on
+//! the simulated disk: tests/durability.rs.)
+
+mod common;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use walsink::{ErrorKind, MemorySink, WalSink};
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+/// Skips (saying why) when not root, except in CI, where these tests must run.
+fn need_root(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(std::env::var("CI").is_err(), "{test} needs root in CI");
+    eprintln!("skipping {test}: needs root (mount, chattr)");
+    false
+}
+
+struct Tmpfs(PathBuf, tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs failed");
+        Tmpfs(dir.path().to_path_buf(), dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn is_enospc(e: &walsink::Error) -> bool {
+    matches!(e.kind(), ErrorKind::Io { source, .. } if source.raw_os_error() == Some(28))
+}
+
+#[test]
+fn full_disk_is_a_typed_error_and_recovers_after_space_is_freed() {
+    if !need_root("full_disk") {
+        return;
+    }
+    let fs = Tmpfs::mount("2m");
+    let wal_dir = fs.0.join("wal");
+    // Most of the disk is taken by a file we can delete later.
+    std::fs::write(fs.0.join("filler"), vec![1u8; 1200 << 10]).unwrap();
+    let o = opts("full").segment_size(64 << 10);
+    let (wal, _) = WalSink::open(&wal_dir, o.clone()).unwrap();
+    let mut durable = Vec::new();
+    let mut failure = None;
+    'outer: for cp in 1..10_000u64 {
+        for i in 0..50 {
+            if let Err(e) = wal.append(format!("cp {cp} rec {i} {}", "p".repeat(100)).as_bytes()) {
+                failure = Some(e);
+                break 'outer;
+            }
+        }
+        match wal.checkpoint(cp, b"") {
+            Ok(()) => durable.push(cp),
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let e = failure.expect("the disk fills up");
+    assert!(is_enospc(&e), "{e}");
+    assert!(durable.len() > 3, "{durable:?}");
+    assert!(wal.append(b"x").unwrap_err().is_poisoned());
+    drop(wal);
+    // Reopening on the still-full disk must not lose or corrupt anything either.
+    match WalSink::open(&wal_dir, o.clone()) {
+        Ok((_, r)) => assert!(durable.iter().all(|id| r.pending.contains(id))),
+        Err(e) => assert!(is_enospc(&e), "{e}"),
+    }
+    std::fs::remove_file(fs.0.join("filler")).unwrap();
+    let (wal, report) = WalSink::open(&wal_dir, o).unwrap();
+    for id in &durable {
+        assert!(
+            report.pending.contains(id),
+            "checkpoint {id} lost: {report:?}"
+        );
+    }
+    wal.checkpoint_complete(*durable.last().unwrap()).unwrap();
+    let mut sink = MemorySink::new();
+    wal.deliver_ready(&mut sink).unwrap();
+    assert_eq!(sink.records().len(), durable.len() * 50);
+    wal.append(b"after").unwrap();
+    wal.checkpoint(100_000, b"").unwrap();
+    let v = walsink::verify(&walsink::storage::FsStorage::new(&wal_dir).unwrap()).unwrap();
+    assert!(v.ok, "{:?}", v.problems);
+}
+
+fn chattr(flag: &str, p: &Path) {
+    assert!(Command::new("chattr")
+        .arg(flag)
+        .arg(p)
+        .status()
+        .unwrap()
+        .success());
+}
+
+#[test]
+fn permission_denied_is_a_typed_error_and_clears_on_reopen() {
+    if !need_root("permission_denied") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let o = opts("perm").segment_size(8192);
+    let (wal, _) = WalSink::open(dir.path(), o.clone()).unwrap();
+    append_values(&wal, 1, 10);
+    wal.checkpoint(1, b"").unwrap();
+    // No new file can be created in the directory: the next roll fails.
+    chattr("+i", dir.path());
+    let mut err = None;
+    for i in 0..2000 {
+        if let Err(e) = wal.append(format!("{i:0200}").as_bytes()) {
+            err = Some(e);
+            break;
+        }
+    }
+    chattr("-i", dir.path());
+    let e = err.expect("roll fails");
+    assert!(
+        matches!(e.kind(), ErrorKind::Io { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied),
+        "{e}"
+    );
+    assert!(wal.checkpoint(2, b"").unwrap_err().is_poisoned());
+    drop(wal);
+    let (wal, report) = WalSink::open(dir.path(), o).unwrap();
+    assert_eq!(report.pending, vec![1]);
+    wal.checkpoint_complete(1).unwrap();
+    let mut sink = MemorySink::new();
+    wal.deliver_ready(&mut sink).unwrap();
+    assert_eq!(sink.records(), values(1, 10));
+}
+
+#[test]
+fn directory_deleted_underneath_fails_the_next_checkpoint() {
+    let base = tempfile::tempdir().unwrap();
+    let dir = base.path().join("wal");
+    let (wal, _) = WalSink::open(&dir, opts("gone")).unwrap();
+    append_values(&wal, 1, 10);
+    wal.checkpoint(1, b"").unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    append_values(&wal, 11, 20);
+    // The files are unlinked: a sync would "succeed" and protect nothing. It must fail.
+    let e = wal.checkpoint(2, b"").unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Io { .. }), "{e}");
+    assert!(e.to_string().contains("removed"), "{e}");
+    assert!(wal.append(b"x").unwrap_err().is_poisoned());
+    drop(wal);
+    // Reopening starts a new, empty log in a new directory.
+    let (_, report) = WalSink::open(&dir, opts("gone")).unwrap();
+    assert!(report.pending.is_empty());
+}

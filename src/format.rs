@@ -239,6 +239,17 @@ pub enum FrameError {
 /// Reads and verifies the frame at offset `at` of a segment with `seed` whose bytes are `buf`.
 /// Never allocates and never trusts the length field beyond the buffer.
 pub fn decode_frame(buf: &[u8], seed: Seed, at: usize) -> Result<FrameRef<'_>, FrameError> {
+    decode_frame_in(buf, seed, 0, at)
+}
+
+/// Like [`decode_frame`] for a buffer that holds the segment's bytes from offset `base` on:
+/// the frame is at `buf[at..]`, which is segment offset `base + at`.
+pub fn decode_frame_in(
+    buf: &[u8],
+    seed: Seed,
+    base: u64,
+    at: usize,
+) -> Result<FrameRef<'_>, FrameError> {
     let Some(h) = buf.get(at..at.saturating_add(FRAME_HEADER_LEN)) else {
         if buf.len() > at && buf[at..].iter().any(|&b| b != 0) {
             return Err(FrameError::ShortHeader);
@@ -249,7 +260,7 @@ pub fn decode_frame(buf: &[u8], seed: Seed, at: usize) -> Result<FrameRef<'_>, F
         return Err(FrameError::Zero);
     }
     let stored = le_u32(h, 0);
-    let got = header_crc(seed, at as u64, &h[4..16]);
+    let got = header_crc(seed, base + at as u64, &h[4..16]);
     if stored != got {
         return Err(FrameError::Bad(CorruptionReason::Checksum {
             expected: stored,

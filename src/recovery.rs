@@ -78,6 +78,9 @@ pub(crate) struct Scan {
     pub tail_records: u64,
     /// Payload bytes of those frames.
     pub tail_bytes: u64,
+    /// Bytes the frames after the cut take in the log (headers, padding and segment ends
+    /// included), up to the end of the valid prefix.
+    pub tail_frame_bytes: u64,
     /// End of the valid prefix.
     pub valid_end: Position,
     /// The first damage, if the prefix did not end cleanly.
@@ -105,7 +108,12 @@ fn map_segment(storage: &dyn Storage, seq: u64) -> Result<Bytes> {
     let f = storage
         .open(&name)
         .map_err(|e| Error::io(format!("open segment {name}"), e))?;
-    f.map()
+    let len = f
+        .len()
+        .map_err(|e| Error::io(format!("stat segment {name}"), e))?;
+    let len = usize::try_from(len)
+        .map_err(|_| Error::corruption(name.clone(), 0, CorruptionReason::BadHeader))?;
+    f.read_range(0, len)
         .map_err(|e| Error::io(format!("read segment {name}"), e))
 }
 
@@ -230,6 +238,7 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                 seq,
                 offset: (at + frame.size) as u64,
             };
+            scan.tail_frame_bytes += frame.size as u64;
             match frame.kind {
                 FrameKind::Data => {
                     records += 1;
@@ -261,6 +270,7 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                         partial: b.records != records,
                     }));
                     (records, bytes, epoch_start, first_epoch) = (0, 0, None, false);
+                    scan.tail_frame_bytes = 0;
                     scan.cut = next;
                     scan.cut_is_segment_end = false;
                     scan.cut_seed = Some(seed);
@@ -275,6 +285,7 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                         restored_to: r.restored_to,
                     });
                     (records, bytes, epoch_start, first_epoch) = (0, 0, None, false);
+                    scan.tail_frame_bytes = 0;
                     scan.cut = next;
                     scan.cut_is_segment_end = false;
                     scan.cut_seed = Some(seed);

@@ -26,8 +26,9 @@ pub struct RecordPosition {
 }
 
 /// One sealed epoch handed to a [`Sink`]: its key, checkpoint time and metadata, and its
-/// records as zero-copy slices of the log (memory-mapped segments on a real disk). Every frame
-/// was verified against its checksum before the epoch was handed out.
+/// records as slices of the buffers the epoch's byte ranges were read into (one read per
+/// segment, no copy per record). Every frame was verified against its checksum before the
+/// epoch was handed out.
 #[derive(Debug, Clone)]
 pub struct Epoch {
     pub(crate) key: EpochKey,

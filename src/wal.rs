@@ -38,8 +38,8 @@ pub struct RecoveryReport {
     pub unsealed_records_dropped: u64,
     /// Payload bytes of those records.
     pub unsealed_bytes_dropped: u64,
-    /// Bytes of log files after the cut that recovery dropped: unsealed and torn frames, and
-    /// stale bytes of recycled files.
+    /// Bytes of valid frames after the cut that recovery dropped (the unsealed records with
+    /// their headers and padding); torn bytes beyond them are located by `torn_tail`.
     pub bytes_after_cut: u64,
     /// Where a torn tail (left by a sync that did not finish) was cut off.
     pub torn_tail: Option<Damage>,
@@ -152,16 +152,7 @@ impl WalSink {
         mut store: Box<dyn CommitStore>,
     ) -> Result<(Self, RecoveryReport)> {
         options.sanitize()?;
-        let lock = storage.lock().map_err(|e| {
-            if e.kind() == std::io::ErrorKind::WouldBlock {
-                ErrorKind::Locked {
-                    dir: storage.describe(),
-                }
-                .into()
-            } else {
-                Error::io(format!("lock {}", storage.describe()), e)
-            }
-        })?;
+        let lock = take_lock(&*storage)?;
         check_identity(&*storage, &options)?;
         let scan = recovery::scan(&*storage)?;
         let committed = store.last_committed(&options.sink_id, options.subtask)?;
@@ -169,6 +160,7 @@ impl WalSink {
             committed,
             unsealed_records_dropped: scan.tail_records,
             unsealed_bytes_dropped: scan.tail_bytes,
+            bytes_after_cut: scan.tail_frame_bytes,
             unexpected_files: scan.unexpected.clone(),
             ..Default::default()
         };
@@ -269,9 +261,6 @@ impl WalSink {
             let (kept, dropped): (Vec<u64>, Vec<u64>) =
                 scan.segments.iter().partition(|&&s| s <= cut.seq);
             keep = kept;
-            for s in &dropped {
-                report.bytes_after_cut += segment_len(&*storage, *s)?;
-            }
             if lenient {
                 let damaged_seq = scan.damage.as_ref().map(|(p, _)| p.seq);
                 if damaged_seq == Some(cut.seq) {
@@ -304,10 +293,6 @@ impl WalSink {
                     .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
             }
             let name = format::segment_name(cut.seq);
-            if scan.damage.is_some() || scan.valid_end != cut {
-                let len = segment_len(&*storage, cut.seq)?;
-                report.bytes_after_cut += len.saturating_sub(cut.offset);
-            }
             let file = storage
                 .open(&name)
                 .map_err(|e| Error::io(format!("open segment {name}"), e))?;
@@ -610,6 +595,29 @@ impl Drop for WalSink {
     }
 }
 
+/// Takes the directory lock. A lock released a moment ago can still look held while a child
+/// process forked by any thread has not yet exec'd (it shares the lock file's description), so
+/// a busy lock is retried for up to 100 ms before it is reported as `Locked`.
+fn take_lock(storage: &dyn Storage) -> Result<Box<dyn Send + Sync + std::fmt::Debug>> {
+    let mut attempts = 0;
+    loop {
+        match storage.lock() {
+            Ok(guard) => return Ok(guard),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && attempts < 20 => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(ErrorKind::Locked {
+                    dir: storage.describe(),
+                }
+                .into())
+            }
+            Err(e) => return Err(Error::io(format!("lock {}", storage.describe()), e)),
+        }
+    }
+}
+
 fn check_poison(w: &Writer) -> Result<()> {
     match &w.poisoned {
         Some(cause) => Err(poisoned_err(cause)),
@@ -672,20 +680,13 @@ fn check_identity(storage: &dyn Storage, options: &Options) -> Result<()> {
     .map_err(|e| Error::io("write the identity file", e))
 }
 
-fn segment_len(storage: &dyn Storage, seq: u64) -> Result<u64> {
-    let name = format::segment_name(seq);
-    storage
-        .open(&name)
-        .and_then(|f| f.len())
-        .map_err(|e| Error::io(format!("stat segment {name}"), e))
-}
-
 fn copy_aside(storage: &dyn Storage, name: &str) -> Result<()> {
     let src = storage
         .open(name)
         .map_err(|e| Error::io(format!("open {name}"), e))?;
     let data = src
-        .map()
+        .len()
+        .and_then(|len| src.read_range(0, len as usize))
         .map_err(|e| Error::io(format!("read {name}"), e))?;
     let aside = format!("{name}.damaged");
     let dst = storage

@@ -27,7 +27,7 @@ fn need_root(test: &str) -> bool {
     false
 }
 
-struct Tmpfs(PathBuf, tempfile::TempDir);
+struct Tmpfs(PathBuf, #[allow(dead_code)] tempfile::TempDir);
 
 impl Tmpfs {
     fn mount(size: &str) -> Tmpfs {

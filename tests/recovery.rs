@@ -20,6 +20,14 @@ fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
     v
 }
 
+/// Offset just past the last non-zero byte of a (preallocated) segment.
+fn data_end(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |i| i as u64 + 1)
+}
+
 /// Three checkpoints of 60 records each over several 4 KiB..64 KiB segments.
 fn write_log(dir: &Path, o: Options) {
     let (wal, _) = WalSink::open(dir, o).unwrap();
@@ -62,13 +70,14 @@ fn torn_tail_of_newest_segment_is_cut_and_reported() {
         }
         wal.checkpoint(4, b"").unwrap();
     }
+    // Segments are preallocated: tear 30 bytes before the end of the written data.
     let newest = segments(dir.path()).pop().unwrap();
-    let len = fs::metadata(&newest).unwrap().len();
+    let end = data_end(&fs::read(&newest).unwrap());
     fs::OpenOptions::new()
         .write(true)
         .open(&newest)
         .unwrap()
-        .set_len(len - 30)
+        .set_len(end - 30)
         .unwrap();
     let (_, report) = WalSink::open(dir.path(), small()).unwrap();
     let torn = report.torn_tail.expect("torn tail reported");

@@ -271,14 +271,15 @@ fn torn_tail_is_reported_repaired_and_pipe_still_delivers_exactly_once() {
             }
         }
     }
-    // Cut 7 bytes into the last frame (past the 16 zero bytes that mark the end).
+    // Cut 7 bytes into the last frame (segments are preallocated: find the end of the data).
     let newest = segments(&wal).pop().unwrap();
-    let len = fs::metadata(&newest).unwrap().len();
+    let bytes = fs::read(&newest).unwrap();
+    let end = bytes.iter().rposition(|&b| b != 0).unwrap() as u64 + 1;
     fs::OpenOptions::new()
         .write(true)
         .open(&newest)
         .unwrap()
-        .set_len(len - 16 - 7)
+        .set_len(end - 7)
         .unwrap();
     let w = wal.to_str().unwrap();
     let o = walsink(&["verify", w, "--json"]);

@@ -1,7 +1,6 @@
 //! The real filesystem behind the [`Storage`] seam.
 
 use super::{Storage, StorageFile};
-use bytes::Bytes;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -49,16 +48,6 @@ impl StorageFile for FsFile {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
-    }
-    fn map(&self) -> io::Result<Bytes> {
-        if self.len()? == 0 {
-            return Ok(Bytes::new());
-        }
-        // SAFETY: the engine maps only regions of segments that no longer change (sealed
-        // epochs) and never truncates a file below a region a live map covers; the mapping
-        // is read-only.
-        let map = unsafe { memmap2::Mmap::map(&self.0)? };
-        Ok(Bytes::from_owner(map))
     }
 }
 

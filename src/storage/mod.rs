@@ -60,10 +60,23 @@ pub trait StorageFile: Send + Sync + Debug {
     fn sync_data(&self) -> io::Result<()>;
     /// Sets the file length, cutting or zero-extending it. Durable after `sync_data`.
     fn set_len(&self, len: u64) -> io::Result<()>;
-    /// The file's contents as of now, as shared bytes: a memory map on a real disk. Bytes
-    /// written later at offsets below the returned length may or may not be visible, so
-    /// callers only map regions that no longer change.
-    fn map(&self) -> io::Result<Bytes>;
+    /// Reads up to `len` bytes at `offset` into one shared buffer (shorter at the end of the
+    /// file). Records handed to sinks are slices of it, so there is one copy per range, none
+    /// per record. Files are read, never memory-mapped: through a mapping an I/O error, or a
+    /// hole that a full filesystem cannot back, arrives as SIGBUS instead of an error.
+    fn read_range(&self, offset: u64, len: usize) -> io::Result<Bytes> {
+        let mut buf = vec![0u8; len];
+        let mut at = 0;
+        while at < len {
+            let n = self.read_at(offset + at as u64, &mut buf[at..])?;
+            if n == 0 {
+                break;
+            }
+            at += n;
+        }
+        buf.truncate(at);
+        Ok(Bytes::from(buf))
+    }
 }
 
 /// Reads a whole small file into memory.

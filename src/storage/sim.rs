@@ -8,7 +8,6 @@
 //! followed. Handles from before the crash stop working, as the process that held them is gone.
 
 use super::{Storage, StorageFile};
-use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -32,7 +31,7 @@ pub enum FaultOp {
     Rename,
     /// [`Storage::remove`].
     Remove,
-    /// [`StorageFile::read_at`] and [`StorageFile::map`].
+    /// [`StorageFile::read_at`].
     Read,
 }
 
@@ -455,10 +454,6 @@ impl StorageFile for SimFile {
             n.data.resize(len as usize, 0);
             n.pending.push(Pending::SetLen(len));
         })
-    }
-
-    fn map(&self) -> io::Result<Bytes> {
-        self.with(FaultOp::Read, false, |_, n| Bytes::from(n.data.clone()))
     }
 }
 

@@ -100,7 +100,8 @@ pub(crate) struct Catalog {
     pub epochs: VecDeque<EpochInfo>,
     pub committed: Option<u64>,
     pub completed: Option<u64>,
-    /// When each epoch became deliverable (front-aligned with the deliverable prefix).
+    /// When each epoch of the deliverable prefix of `epochs` became deliverable; element `i`
+    /// belongs to `epochs[i]`.
     pub deliverable_since: VecDeque<(u64, std::time::Instant)>,
     /// Position of the newest barrier: kept so its metadata (a source offset) survives GC.
     pub last_barrier: Option<Position>,
@@ -134,18 +135,22 @@ impl Catalog {
         self.note_deliverable()
     }
 
+    /// Extends the deliverable prefix. Invariant: `deliverable_since[i]` belongs to
+    /// `epochs[i]`, so only the epochs after it need a look: O(newly deliverable).
     fn note_deliverable(&mut self) -> bool {
-        let mut any = false;
         let now = std::time::Instant::now();
-        for e in &self.epochs {
+        let mut any = false;
+        while let Some(e) = self.epochs.get(self.deliverable_since.len()) {
             if !self.is_deliverable(e.id) {
                 break;
             }
-            if self.deliverable_since.iter().all(|(id, _)| *id != e.id) {
-                self.deliverable_since.push_back((e.id, now));
-                any = true;
-            }
+            self.deliverable_since.push_back((e.id, now));
+            any = true;
         }
+        debug_assert!(self
+            .deliverable_since
+            .front()
+            .is_none_or(|(id, _)| self.epochs.front().is_some_and(|e| e.id == *id)));
         any
     }
 

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use walsink::{Epoch, Mode, Options, Sink, SinkError, WalSink};
 
 fn opts() -> Options {
-    Options::new("bench").max_record_size(64 << 10).max_metadata_size(1024)
+    Options::new("bench")
+        .max_record_size(64 << 10)
+        .max_metadata_size(1024)
 }
 
 fn open(dir: &tempfile::TempDir, o: Options) -> WalSink {
@@ -71,29 +73,33 @@ fn durable(c: &mut Criterion) {
     g.sample_size(10);
     for threads in [1usize, 4, 16] {
         g.throughput(Throughput::Elements(threads as u64 * 50));
-        g.bench_with_input(BenchmarkId::from_parameter(threads), &threads, |b, &threads| {
-            let dir = tempfile::tempdir().unwrap();
-            let wal = Arc::new(open(&dir, opts().mode(Mode::Durable)));
-            b.iter_custom(|iters| {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    let hs: Vec<_> = (0..threads)
-                        .map(|_| {
-                            let wal = wal.clone();
-                            std::thread::spawn(move || {
-                                for _ in 0..50 {
-                                    wal.append(&[7u8; 256]).unwrap();
-                                }
+        g.bench_with_input(
+            BenchmarkId::from_parameter(threads),
+            &threads,
+            |b, &threads| {
+                let dir = tempfile::tempdir().unwrap();
+                let wal = Arc::new(open(&dir, opts().mode(Mode::Durable)));
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let hs: Vec<_> = (0..threads)
+                            .map(|_| {
+                                let wal = wal.clone();
+                                std::thread::spawn(move || {
+                                    for _ in 0..50 {
+                                        wal.append(&[7u8; 256]).unwrap();
+                                    }
+                                })
                             })
-                        })
-                        .collect();
-                    for h in hs {
-                        h.join().unwrap();
+                            .collect();
+                        for h in hs {
+                            h.join().unwrap();
+                        }
                     }
-                }
-                start.elapsed()
-            })
-        });
+                    start.elapsed()
+                })
+            },
+        );
     }
     g.finish();
 }
@@ -118,7 +124,9 @@ fn recovery(c: &mut Criterion) {
     g.sample_size(10);
     let dir = build_log(64 << 20);
     g.throughput(Throughput::Bytes(64 << 20));
-    g.bench_function("open_64MiB", |b| b.iter(|| WalSink::open(dir.path(), opts()).unwrap()));
+    g.bench_function("open_64MiB", |b| {
+        b.iter(|| WalSink::open(dir.path(), opts()).unwrap())
+    });
     g.finish();
 }
 

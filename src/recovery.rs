@@ -37,6 +37,21 @@ pub(crate) struct ScannedEpoch {
     pub partial: bool,
 }
 
+impl ScannedEpoch {
+    /// The catalog entry for this epoch.
+    pub fn info(&self) -> crate::checkpoint::EpochInfo {
+        crate::checkpoint::EpochInfo {
+            id: self.id,
+            timestamp_ms: self.timestamp_ms,
+            metadata: self.metadata.clone(),
+            records: self.records,
+            bytes: self.bytes,
+            start: self.start,
+            barrier: self.barrier,
+        }
+    }
+}
+
 /// A control frame of the valid prefix.
 #[derive(Debug, Clone)]
 pub(crate) enum Event {

@@ -255,19 +255,20 @@ impl Run {
         self.wal = Some(wal);
         // The engine restores from its newest checkpoint, or one at least as new as the
         // newest completed one.
-        let candidates: Vec<u64> = self
-            .model
-            .durable
-            .iter()
-            .copied()
-            .filter(|&id| self.model.completed_ever.is_none_or(|c| id >= c))
-            .collect();
+        let candidates = self.restore_candidates();
         let target = if candidates.is_empty() {
             self.model.durable.last().copied()
         } else {
             Some(candidates[self.rng.usize(..candidates.len())])
         };
         self.restore(target)
+    }
+
+    /// Checkpoints the engine may restore from: durable, and not older than a completed one.
+    fn restore_candidates(&self) -> Vec<u64> {
+        let completed = self.model.completed_ever;
+        let ok = |id: &u64| completed.is_none_or(|c| *id >= c);
+        self.model.durable.iter().copied().filter(ok).collect()
     }
 
     fn restore(&mut self, target: Option<u64>) -> Result<(), SimFailure> {
@@ -407,14 +408,7 @@ impl Run {
                 self.check_sink()?;
             }
             Op::Restore => {
-                let candidates: Vec<u64> = self
-                    .model
-                    .durable
-                    .iter()
-                    .copied()
-                    .filter(|&id| self.model.completed_ever.is_none_or(|c| id >= c))
-                    .collect();
-                if let Some(&t) = candidates.first() {
+                if let Some(&t) = self.restore_candidates().first() {
                     self.restore(Some(t))?;
                 }
             }

@@ -6,10 +6,10 @@
 use crate::commit_store::LocalCommitStore;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format;
+use crate::reader;
 use crate::recovery::{self, Event, IDENTITY_FILE};
 use crate::sink::{Epoch, EpochKey};
 use crate::storage::{self, Storage};
-use crate::{checkpoint::EpochInfo, reader};
 
 /// One problem found by [`verify`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,15 +294,7 @@ pub fn dump(
         if e.partial {
             continue;
         }
-        let info = EpochInfo {
-            id: e.id,
-            timestamp_ms: e.timestamp_ms,
-            metadata: e.metadata.clone(),
-            records: e.records,
-            bytes: e.bytes,
-            start: e.start,
-            barrier: e.barrier,
-        };
+        let info = e.info();
         let key = EpochKey {
             sink_id: sink_id.clone(),
             subtask,

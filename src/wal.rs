@@ -207,15 +207,7 @@ impl WalSink {
                     barriers.push((e.id, e.metadata.to_vec()));
                     cat.last_barrier = Some(e.barrier);
                     if committed.is_none_or(|c| e.id > c) {
-                        cat.seal(EpochInfo {
-                            id: e.id,
-                            timestamp_ms: e.timestamp_ms,
-                            metadata: e.metadata.clone(),
-                            records: e.records,
-                            bytes: e.bytes,
-                            start: e.start,
-                            barrier: e.barrier,
-                        });
+                        cat.seal(e.info());
                     }
                 }
                 Event::Restore { restored_to } => {

@@ -186,6 +186,17 @@ impl State {
         Ok(())
     }
 
+    /// The process that used the disk is gone: its handles and lock die, pending faults and
+    /// kills are cleared.
+    fn new_process(&mut self) {
+        self.locked = false;
+        self.generation += 1;
+        self.dead = false;
+        self.kill_after = None;
+        self.kill_at_sync = None;
+        self.faults.clear();
+    }
+
     fn link(&mut self, name: &str, ino: u64) {
         self.dir.insert(name.to_string(), ino);
         self.pending_dir.push(DirOp::Link(name.to_string(), ino));
@@ -237,12 +248,7 @@ impl SimStorage {
     pub fn crash(&self, opts: CrashOptions) {
         let mut s = self.state.lock();
         if opts.process_only {
-            s.locked = false;
-            s.generation += 1;
-            s.dead = false;
-            s.kill_after = None;
-            s.kill_at_sync = None;
-            s.faults.clear();
+            s.new_process();
             return;
         }
         let mut rng = fastrand::Rng::with_seed(opts.seed);
@@ -291,12 +297,7 @@ impl SimStorage {
         s.inodes = inodes;
         s.durable_dir = dir.clone();
         s.dir = dir;
-        s.locked = false;
-        s.generation += 1;
-        s.dead = false;
-        s.kill_after = None;
-        s.kill_at_sync = None;
-        s.faults.clear();
+        s.new_process();
     }
 
     /// The names and current contents of all files (for tests and fuzzers).

@@ -118,6 +118,63 @@ impl Scan {
     }
 }
 
+/// A segment read from its start in growing chunks, so a scan of a preallocated segment stops
+/// near the end of its data instead of reading the unwritten rest.
+struct Chunked {
+    file: std::sync::Arc<dyn crate::storage::StorageFile>,
+    name: String,
+    len: usize,
+    buf: Bytes,
+}
+
+impl Chunked {
+    // Small enough that the simulated disk's 4-16 KiB segments exercise the growth path;
+    // doubling re-reads at most twice the bytes a segment holds.
+    const FIRST: usize = 4 << 10;
+
+    fn open(storage: &dyn Storage, seq: u64) -> Result<Self> {
+        let name = format::segment_name(seq);
+        let file = storage
+            .open(&name)
+            .map_err(|e| Error::io(format!("open segment {name}"), e))?;
+        let len = file
+            .len()
+            .map_err(|e| Error::io(format!("stat segment {name}"), e))?;
+        let len = usize::try_from(len)
+            .map_err(|_| Error::corruption(name.clone(), 0, CorruptionReason::BadHeader))?;
+        let mut c = Chunked {
+            file,
+            name,
+            len,
+            buf: Bytes::new(),
+        };
+        c.read_to(Self::FIRST.min(len))?;
+        Ok(c)
+    }
+
+    fn read_to(&mut self, n: usize) -> Result<()> {
+        self.buf = self
+            .file
+            .read_range(0, n)
+            .map_err(|e| Error::io(format!("read segment {}", self.name), e))?;
+        Ok(())
+    }
+
+    /// Reads twice as much (up to the whole file); false if it already holds all of it.
+    fn grow(&mut self) -> Result<bool> {
+        if self.buf.len() >= self.len {
+            return Ok(false);
+        }
+        self.read_to((self.buf.len() * 2).max(Self::FIRST).min(self.len))?;
+        Ok(true)
+    }
+
+    fn read_all(&mut self) -> Result<&[u8]> {
+        while self.grow()? {}
+        Ok(&self.buf)
+    }
+}
+
 fn map_segment(storage: &dyn Storage, seq: u64) -> Result<Bytes> {
     let name = format::segment_name(seq);
     let f = storage
@@ -190,8 +247,8 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
             );
             return Ok(());
         }
-        let map = map_segment(storage, seq)?;
-        let seed = match format::decode_segment_header(&map, seq) {
+        let mut seg = Chunked::open(storage, seq)?;
+        let seed = match format::decode_segment_header(&seg.buf, seq) {
             Ok(seed) => seed,
             Err(HeaderError::Version(found)) => {
                 return Err(ErrorKind::UnsupportedVersion {
@@ -201,7 +258,7 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                 }
                 .into())
             }
-            Err(HeaderError::Bad) if last && map.iter().all(|&b| b == 0) => {
+            Err(HeaderError::Bad) if last && seg.read_all()?.iter().all(|&b| b == 0) => {
                 // Created but never written (or its first write was lost): a clean end.
                 finish_tail(scan, records, bytes);
                 return Ok(());
@@ -221,13 +278,30 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
             scan.cut_seed = Some(seed);
         }
         let mut at = SEGMENT_HEADER_LEN;
+        let mut view: Bytes;
         loop {
             let pos = Position {
                 seq,
                 offset: at as u64,
             };
             scan.valid_end = pos;
-            let frame = match format::decode_frame(&map, seed, at) {
+            // Decode from the chunk read so far; a frame that may run past it reads more.
+            let decoded = loop {
+                view = seg.buf.clone();
+                let r = format::decode_frame(&view, seed, at);
+                let short = match &r {
+                    Err(FrameError::Zero) => at + format::FRAME_HEADER_LEN > view.len(),
+                    Err(FrameError::ShortHeader | FrameError::Bad(CorruptionReason::TornFrame)) => {
+                        true
+                    }
+                    _ => false,
+                };
+                if short && seg.grow()? {
+                    continue;
+                }
+                break r;
+            };
+            let frame = match decoded {
                 Ok(f) => f,
                 Err(FrameError::Zero) if last => {
                     finish_tail(scan, records, bytes);

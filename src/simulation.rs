@@ -55,6 +55,8 @@ pub enum Op {
     KillAtSync(u8),
     /// Arm a kill after `n` (mod 40) more mutating storage operations.
     KillAfter(u8),
+    /// Arm a kill at the `n`-th next sync, unbounded (used to crash at every sync point).
+    KillAtSyncAbsolute(u64),
 }
 
 impl Op {
@@ -419,6 +421,7 @@ impl Run {
             }
             Op::KillAtSync(n) => self.sim.kill_at_sync((n % 6) as u64),
             Op::KillAfter(n) => self.sim.kill_after((n % 40) as u64),
+            Op::KillAtSyncAbsolute(n) => self.sim.kill_at_sync(n),
         }
         Ok(())
     }
@@ -446,6 +449,16 @@ pub fn run(seed: u64, ops: usize, crashes: usize) -> Result<SimStats, SimFailure
 /// Runs an explicit list of operations (from a property test or a fuzzer) on a log whose
 /// options and sink kind are drawn from `seed`, then checks the final state.
 pub fn run_ops(seed: u64, ops: &[Op]) -> Result<SimStats, SimFailure> {
+    run_ops_observed(seed, ops, |_| {})
+}
+
+/// [`run_ops`], calling `observe` with the disk before the final checks (after the workload,
+/// before the final reopen).
+fn run_ops_observed(
+    seed: u64,
+    ops: &[Op],
+    observe: impl FnOnce(&SimStorage),
+) -> Result<SimStats, SimFailure> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let opts = sim_options(&mut rng);
     let marker = rng.bool();
@@ -497,6 +510,7 @@ pub fn run_ops(seed: u64, ops: &[Op]) -> Result<SimStats, SimFailure> {
         r.stats.ops += 1;
     }
     // Final: no more faults; complete everything and deliver; every durable epoch arrives.
+    observe(&r.sim);
     r.sim.crash(CrashOptions::process_kill());
     r.sink.fail_next(0);
     r.reopen()?;
@@ -674,4 +688,37 @@ pub fn check_ops(data: &[u8]) -> Result<(), SimFailure> {
         .map(|c| Op::from_bytes([c[0], c[1], c[2]]))
         .collect();
     run_ops(u64::from_le_bytes(seed), &ops).map(|_| ())
+}
+
+/// Crashes one workload at every sync point in turn: a dry run counts the syncs the workload
+/// issues, then for each `k` the workload runs again with the process killed at sync `k`
+/// (that sync does not happen), followed by a power loss, recovery, the rest of the workload
+/// and the final checks. Returns how many sync points were crashed at.
+pub fn run_every_sync_point(seed: u64, ops: usize) -> Result<usize, SimFailure> {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x5151_5151);
+    let list: Vec<Op> = (0..ops).map(|_| Op::random(&mut rng)).collect();
+    let syncs = count_syncs(seed, &list)?;
+    for k in 0..syncs {
+        let mut with_kill = Vec::with_capacity(list.len() + 1);
+        with_kill.push(Op::KillAtSyncAbsolute(k));
+        with_kill.extend_from_slice(&list);
+        run_ops(seed, &with_kill).map_err(|mut f| {
+            f.message = format!("killed at sync point {k} of {syncs}: {}", f.message);
+            f
+        })?;
+    }
+    Ok(syncs as usize)
+}
+
+fn count_syncs(seed: u64, ops: &[Op]) -> Result<u64, SimFailure> {
+    let counter = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let c = counter.clone();
+    run_ops_observed(seed, ops, move |sim| {
+        let s = sim.stats();
+        c.store(
+            s.data_syncs + s.dir_syncs,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    })?;
+    Ok(counter.load(std::sync::atomic::Ordering::Relaxed))
 }

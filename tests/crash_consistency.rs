@@ -47,3 +47,17 @@ fn replay_one_seed() {
         simulation::run(12345, 200, 6).unwrap_or_else(|f| panic!("{f}"));
     }
 }
+
+#[test]
+fn every_sync_point_of_fixed_workloads() {
+    let seeds = env_u64("WALSINK_SYNC_POINT_SEEDS").unwrap_or(12);
+    let mut points = 0;
+    for seed in 0..seeds {
+        points += simulation::run_every_sync_point(seed, 60).unwrap_or_else(|f| panic!("{f}"));
+    }
+    eprintln!("{seeds} workloads crashed at each of {points} sync points in total");
+    assert!(
+        points as u64 > seeds * 5,
+        "workloads too small: {points} sync points"
+    );
+}

@@ -174,7 +174,11 @@ pub fn dump(dir: &Path, only: Option<u64>, json: bool) -> CliResult<ExitCode> {
     let out = std::io::stdout();
     let mut out = std::io::BufWriter::new(out.lock());
     let mut found = only.is_none();
+    let pb = crate::progress::spinner(false);
+    let mut epochs = 0u64;
     walsink::dump(&st, |id, state, epoch| {
+        epochs += 1;
+        pb.set_message(format!("{epochs} epochs read"));
         if only.is_some() && id != only {
             return Ok(());
         }
@@ -207,6 +211,7 @@ pub fn dump(dir: &Path, only: Option<u64>, json: bool) -> CliResult<ExitCode> {
         };
         write(&mut out)
     })?;
+    pb.finish_and_clear();
     out.flush()?;
     if !found {
         eprintln!(

@@ -156,10 +156,15 @@ impl Shared {
 impl WalSink {
     /// Delivers every epoch that is deliverable now, in order, on the calling thread, and
     /// marks them committed. Stops at the first error and returns it (nothing is skipped; the
-    /// next call retries the same epoch). Returns the number of epochs handled.
+    /// next call retries the same epoch). Returns the number of epochs handled. Fails with
+    /// `InvalidOperation` while a committer thread ([`WalSink::spawn_committer`]) runs.
     pub fn deliver_ready(&self, sink: &mut dyn Sink) -> Result<usize> {
         let sh = &*self.shared;
-        let _guard = sh.deliver_lock.lock();
+        let _claim = Claim::take(&self.shared).ok_or_else(|| {
+            Error::invalid_op(
+                "a committer thread is delivering this log; shut it down before delivering by hand",
+            )
+        })?;
         let mut d = Delivery::default();
         let mut n = 0;
         loop {
@@ -179,12 +184,17 @@ impl WalSink {
     /// ([`Options::retry`](crate::Options::retry)); [`WalSink::health`] shows the last error
     /// and the retry count.
     pub fn spawn_committer<S: Sink + 'static>(&self, sink: S) -> Result<Committer> {
+        let claim = Claim::take(&self.shared)
+            .ok_or_else(|| Error::invalid_op("a committer is already delivering this log"))?;
         let shared = self.shared.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let handle = std::thread::Builder::new()
             .name(format!("walsink-committer-{}", shared.sink_id))
-            .spawn(move || run(shared, sink, stop2))
+            .spawn(move || {
+                let _claim = claim;
+                run(shared, sink, stop2)
+            })
             .map_err(|e| Error::io("start the committer thread", e))?;
         Ok(Committer {
             shared: self.shared.clone(),
@@ -207,8 +217,26 @@ impl WalSink {
     }
 }
 
+/// The right to deliver, held by one deliverer at a time and given back on drop.
+struct Claim(Arc<Shared>);
+
+impl Claim {
+    fn take(shared: &Arc<Shared>) -> Option<Claim> {
+        shared
+            .delivering
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| Claim(shared.clone()))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.0.delivering.store(false, Ordering::Release);
+    }
+}
+
 fn run<S: Sink>(shared: Arc<Shared>, mut sink: S, stop: Arc<AtomicBool>) {
-    let _guard = shared.deliver_lock.lock();
     let mut d = Delivery::default();
     let mut attempt = 0u32;
     let mut rng = fastrand::Rng::new();

@@ -80,7 +80,8 @@ pub(crate) struct Shared {
     pub cat: Mutex<Catalog>,
     pub cat_cv: Condvar,
     pub store: Mutex<Box<dyn CommitStore>>,
-    pub deliver_lock: Mutex<()>,
+    /// Set while someone delivers (a committer thread or `deliver_ready`): one at a time.
+    pub delivering: std::sync::atomic::AtomicBool,
     open_bytes: AtomicU64,
     /// Threads inside `append_batch` now: a sync leader with company waits a moment for them.
     appenders: AtomicU64,
@@ -391,7 +392,7 @@ impl WalSink {
             cat: Mutex::new(cat),
             cat_cv: Condvar::new(),
             store: Mutex::new(store),
-            deliver_lock: Mutex::new(()),
+            delivering: std::sync::atomic::AtomicBool::new(false),
             open_bytes: AtomicU64::new(0),
             appenders: AtomicU64::new(0),
             _lock: lock,

@@ -36,8 +36,16 @@ fn ideal_circumstances_on_real_disk_with_committer_thread() {
         wal.checkpoint_complete(cp as u64).unwrap();
     }
     assert!(wal.wait_committed(2, Duration::from_secs(10)));
+    // Only one deliverer at a time.
+    let e = wal.deliver_ready(&mut MemorySink::new()).unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::InvalidOperation { .. }),
+        "{e}"
+    );
+    assert!(wal.spawn_committer(MemorySink::new()).is_err());
     committer.shutdown();
     assert_eq!(sink.records(), values(1, 60));
+    assert_eq!(wal.deliver_ready(&mut MemorySink::new()).unwrap(), 0);
 }
 
 #[test]

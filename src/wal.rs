@@ -5,54 +5,17 @@
 
 use crate::checkpoint::{now_ms, Catalog, EpochInfo, Health, PendingCheckpoint};
 use crate::commit_store::{CommitStore, LocalCommitStore};
-use crate::config::{FullPolicy, Mode, Options, RecoveryMode};
+use crate::config::{FullPolicy, Mode, Options};
 use crate::error::{CorruptionReason, Error, ErrorKind, Result};
 use crate::format::{self, FrameKind, Position};
-use crate::recovery::{self, Damage, Event, IDENTITY_FILE};
+use crate::recovery::IDENTITY_FILE;
+use crate::repair::{self, Recovered, RecoveryReport};
 use crate::segment::{NewSegment, SegmentWriter};
 use crate::storage::{self, FsStorage, Storage};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// What [`WalSink::open`] found and did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RecoveryReport {
-    /// Segment files in the log after recovery (the new active one included).
-    pub segments: usize,
-    /// Newest sealed checkpoint that survives (committed or not, not voided by a restore).
-    pub last_checkpoint: Option<u64>,
-    /// Its metadata blob (for example the source offset to resume from).
-    pub last_metadata: Option<Vec<u8>>,
-    /// Sealed checkpoints not yet committed, oldest first.
-    pub pending: Vec<u64>,
-    /// Records in those checkpoints.
-    pub pending_records: u64,
-    /// Highest committed checkpoint according to the commit store.
-    pub committed: Option<u64>,
-    /// The smallest id the next `checkpoint` may use.
-    pub next_checkpoint_id: u64,
-    /// Unsealed records after the last checkpoint, discarded (the source replays them).
-    pub unsealed_records_dropped: u64,
-    /// Payload bytes of those records.
-    pub unsealed_bytes_dropped: u64,
-    /// Bytes of valid frames after the cut that recovery dropped (the unsealed records with
-    /// their headers and padding); torn bytes beyond them are located by `torn_tail`.
-    pub bytes_after_cut: u64,
-    /// Where a torn tail (left by a sync that did not finish) was cut off.
-    pub torn_tail: Option<Damage>,
-    /// Corruption of durable data, kept going past only in
-    /// [`RecoveryMode::TruncateAtCorruption`].
-    pub corruption: Option<Damage>,
-    /// Checkpoint ids whose barriers verified but lay after the damage, and were dropped.
-    pub checkpoints_dropped: Vec<u64>,
-    /// Files renamed to `*.damaged` (lenient mode only; never deleted).
-    pub moved_aside: Vec<String>,
-    /// Files in the directory that are not part of a log (left alone).
-    pub unexpected_files: Vec<String>,
-}
 
 #[derive(Debug)]
 pub(crate) struct Writer {
@@ -157,177 +120,22 @@ impl WalSink {
         options.sanitize()?;
         let lock = take_lock(&*storage)?;
         check_identity(&*storage, &options)?;
-        let scan = recovery::scan(&*storage)?;
         let committed = store.last_committed(&options.sink_id, options.subtask)?;
-        let mut report = RecoveryReport {
-            committed,
-            unsealed_records_dropped: scan.tail_records,
-            unsealed_bytes_dropped: scan.tail_bytes,
-            bytes_after_cut: scan.tail_frame_bytes,
-            unexpected_files: scan.unexpected.clone(),
-            ..Default::default()
-        };
-        let mut lenient = false;
-        if let Some((_, damage)) = &scan.damage {
-            let durable = scan.damage_is_durable();
-            let fail = match options.recovery_mode {
-                RecoveryMode::Strict => {
-                    !matches!(damage.reason, CorruptionReason::Unwritten) || durable
-                }
-                RecoveryMode::TolerateTornTail => durable,
-                RecoveryMode::TruncateAtCorruption => false,
-            };
-            if fail {
-                return Err(Error::corruption(
-                    damage.segment.clone(),
-                    damage.offset,
-                    damage.reason.clone(),
-                ));
-            }
-            if durable {
-                lenient = true;
-                report.corruption = Some(damage.clone());
-            } else {
-                report.torn_tail = Some(damage.clone());
-            }
-            report.checkpoints_dropped = scan.barriers_after_damage.clone();
-        }
-
-        // Rebuild the catalog from the control frames of the valid prefix.
-        let mut cat = Catalog::default();
-        let mut min_next_id = committed.map_or(0, |c| c + 1);
-        let mut barriers: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut partial = Vec::new();
-        for ev in &scan.events {
-            match ev {
-                Event::Barrier(e) => {
-                    if e.partial {
-                        partial.push(e);
-                    }
-                    min_next_id = min_next_id.max(e.id.saturating_add(1));
-                    barriers.push((e.id, e.metadata.to_vec()));
-                    cat.last_barrier = Some(e.barrier);
-                    if committed.is_none_or(|c| e.id > c) {
-                        cat.seal(e.info());
-                    }
-                }
-                Event::Restore { restored_to } => {
-                    barriers.retain(|(id, _)| {
-                        restored_to.is_some_and(|t| *id <= t) || committed.is_some_and(|c| *id <= c)
-                    });
-                    let completed = cat.completed;
-                    cat.restore(*restored_to);
-                    cat.completed = completed;
-                }
-            }
-        }
-        // An epoch whose first frames are gone (its segments were freed) is fine only if it
-        // was committed or voided; one that is still pending lost data.
-        if let Some(e) = partial
-            .iter()
-            .find(|e| cat.epochs.iter().any(|p| p.id == e.id))
-        {
-            let reason = CorruptionReason::IncompleteEpoch {
-                checkpoint: e.id,
-                expected: e.records,
-                found: 0,
-            };
-            return Err(Error::corruption(
-                format::segment_name(e.barrier.seq),
-                e.barrier.offset,
-                reason,
-            ));
-        }
-        if let Some((id, meta)) = barriers.pop() {
-            report.last_checkpoint = Some(id);
-            report.last_metadata = Some(meta);
-        }
-        if options.mode == Mode::Durable {
-            if let Some(last) = cat.epochs.back().map(|e| e.id) {
-                cat.complete(last);
-            }
-        }
-
-        // Repair: cut at the end of the last control frame, drop (or set aside) what follows,
-        // and make everything kept durable before anything new is written.
-        let mut keep: Vec<u64> = scan.segments.clone();
-        if !scan.segments.is_empty() {
-            let cut = scan.cut;
-            let (kept, dropped): (Vec<u64>, Vec<u64>) =
-                scan.segments.iter().partition(|&&s| s <= cut.seq);
-            keep = kept;
-            if lenient {
-                let damaged_seq = scan.damage.as_ref().map(|(p, _)| p.seq);
-                if damaged_seq == Some(cut.seq) {
-                    let name = format::segment_name(cut.seq);
-                    copy_aside(&*storage, &name)?;
-                    report.moved_aside.push(format!("{name}.damaged"));
-                }
-                for s in &dropped {
-                    let name = format::segment_name(*s);
-                    let aside = format!("{name}.damaged");
-                    storage
-                        .rename(&name, &aside)
-                        .map_err(|e| Error::io(format!("move {name} aside"), e))?;
-                    report.moved_aside.push(aside);
-                }
-            } else {
-                for s in &dropped {
-                    let name = format::segment_name(*s);
-                    storage
-                        .remove(&name)
-                        .map_err(|e| Error::io(format!("remove torn segment {name}"), e))?;
-                }
-            }
-            // The segments after the cut must be gone for good before the cut segment gets
-            // its closing frame: otherwise a crash could let the next recovery read them as
-            // the continuation of the log.
-            if !dropped.is_empty() {
-                storage
-                    .sync_dir()
-                    .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
-            }
-            let name = format::segment_name(cut.seq);
-            let file = storage
-                .open(&name)
-                .map_err(|e| Error::io(format!("open segment {name}"), e))?;
-            if !scan.cut_is_segment_end {
-                let mut frame = Vec::with_capacity(format::FRAME_HEADER_LEN * 2);
-                let seed = scan.cut_seed.unwrap_or(format::Seed {
-                    seq: cut.seq,
-                    salt: 0,
-                });
-                format::encode_frame(&mut frame, seed, cut.offset, FrameKind::SegmentEnd, &[]);
-                file.write_at(cut.offset, &frame).map_err(|e| {
-                    Error::io(format!("close segment {name} at offset {}", cut.offset), e)
-                })?;
-            }
-            for s in &keep {
-                let name = format::segment_name(*s);
-                let f = storage
-                    .open(&name)
-                    .map_err(|e| Error::io(format!("open segment {name}"), e))?;
-                f.sync_data()
-                    .map_err(|e| Error::io(format!("sync segment {name}"), e))?;
-            }
-        }
-        for name in scan.leftovers.iter().filter(|n| n.ends_with(".tmp")) {
-            storage
-                .remove(name)
-                .map_err(|e| Error::io(format!("remove leftover {name}"), e))?;
-        }
+        let Recovered {
+            mut cat,
+            mut report,
+            min_next_id,
+            next_seq,
+            mut keep,
+            mut free,
+        } = repair::recover(&*storage, &options, committed)?;
         // Start a fresh segment for new frames, right after the cut so segment numbers stay
-        // contiguous. Any earlier file with that number was removed durably above, and its
-        // frames (or stale ones in a recycled file) never verify under the new salt.
-        let next_seq = match scan.segments.first() {
-            Some(_) => scan.cut.seq + 1,
-            None => scan.max_seq_seen + 1,
-        };
+        // contiguous. Any earlier file with that number was removed durably during recovery,
+        // and its frames (or stale ones in a recycled file) never verify under the new salt.
         let mut salt_rng = match options.salt_seed {
             Some(s) => fastrand::Rng::with_seed(s ^ next_seq),
             None => fastrand::Rng::new(),
         };
-        let mut free = scan.free.clone();
         let source = match (options.recycle_segments, free.pop()) {
             (true, Some(f)) => NewSegment::Recycle(f),
             (_, f) => {
@@ -677,23 +485,6 @@ fn check_identity(storage: &dyn Storage, options: &Options) -> Result<()> {
         &format::encode_identity(&options.sink_id, options.subtask),
     )
     .map_err(|e| Error::io("write the identity file", e))
-}
-
-fn copy_aside(storage: &dyn Storage, name: &str) -> Result<()> {
-    let src = storage
-        .open(name)
-        .map_err(|e| Error::io(format!("open {name}"), e))?;
-    let data = src
-        .len()
-        .and_then(|len| src.read_range(0, len as usize))
-        .map_err(|e| Error::io(format!("read {name}"), e))?;
-    let aside = format!("{name}.damaged");
-    let dst = storage
-        .create(&aside)
-        .map_err(|e| Error::io(format!("create {aside}"), e))?;
-    dst.write_at(0, &data)
-        .and_then(|_| dst.sync_data())
-        .map_err(|e| Error::io(format!("write {aside}"), e))
 }
 
 impl Shared {

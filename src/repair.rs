@@ -1,0 +1,281 @@
+//! Applying recovery: deciding on the damage a scan found (per [`RecoveryMode`]), rebuilding
+//! the epoch catalog from the control frames of the valid prefix, and repairing the directory
+//! (cut, set aside, sync) before anything new is written. The rules are `docs/design.md`
+//! ("Recovery"); the scan itself is `recovery.rs`.
+
+use crate::checkpoint::Catalog;
+use crate::config::{Mode, Options, RecoveryMode};
+use crate::error::{CorruptionReason, Error, Result};
+use crate::format::{self, FrameKind};
+use crate::recovery::{self, Damage, Event, Scan};
+use crate::storage::Storage;
+
+/// What [`WalSink::open`] found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecoveryReport {
+    /// Segment files in the log after recovery (the new active one included).
+    pub segments: usize,
+    /// Newest sealed checkpoint that survives (committed or not, not voided by a restore).
+    pub last_checkpoint: Option<u64>,
+    /// Its metadata blob (for example the source offset to resume from).
+    pub last_metadata: Option<Vec<u8>>,
+    /// Sealed checkpoints not yet committed, oldest first.
+    pub pending: Vec<u64>,
+    /// Records in those checkpoints.
+    pub pending_records: u64,
+    /// Highest committed checkpoint according to the commit store.
+    pub committed: Option<u64>,
+    /// The smallest id the next `checkpoint` may use.
+    pub next_checkpoint_id: u64,
+    /// Unsealed records after the last checkpoint, discarded (the source replays them).
+    pub unsealed_records_dropped: u64,
+    /// Payload bytes of those records.
+    pub unsealed_bytes_dropped: u64,
+    /// Bytes of valid frames after the cut that recovery dropped (the unsealed records with
+    /// their headers and padding); torn bytes beyond them are located by `torn_tail`.
+    pub bytes_after_cut: u64,
+    /// Where a torn tail (left by a sync that did not finish) was cut off.
+    pub torn_tail: Option<Damage>,
+    /// Corruption of durable data, kept going past only in
+    /// [`RecoveryMode::TruncateAtCorruption`].
+    pub corruption: Option<Damage>,
+    /// Checkpoint ids whose barriers verified but lay after the damage, and were dropped.
+    pub checkpoints_dropped: Vec<u64>,
+    /// Files renamed to `*.damaged` (lenient mode only; never deleted).
+    pub moved_aside: Vec<String>,
+    /// Files in the directory that are not part of a log (left alone).
+    pub unexpected_files: Vec<String>,
+}
+
+/// The outcome of [`recover`]: what the log holds and where new frames go.
+pub(crate) struct Recovered {
+    pub cat: Catalog,
+    pub report: RecoveryReport,
+    pub min_next_id: u64,
+    /// Sequence number of the segment new frames go to.
+    pub next_seq: u64,
+    /// Segments kept, ascending.
+    pub keep: Vec<u64>,
+    /// Free segments available for reuse.
+    pub free: Vec<u64>,
+}
+
+/// Scans the log in `storage`, decides, rebuilds the catalog and repairs the directory. On
+/// return everything kept is durable and the directory holds no segment after the cut.
+pub(crate) fn recover(
+    storage: &dyn Storage,
+    options: &Options,
+    committed: Option<u64>,
+) -> Result<Recovered> {
+    let scan = recovery::scan(storage)?;
+    let mut report = decide(&scan, options.recovery_mode, committed)?;
+    let (cat, min_next_id) = rebuild_catalog(&scan, committed, options.mode, &mut report)?;
+    let keep = repair(storage, &scan, &mut report)?;
+    let next_seq = match scan.segments.first() {
+        Some(_) => scan.cut.seq + 1,
+        None => scan.max_seq_seen + 1,
+    };
+    Ok(Recovered {
+        cat,
+        report,
+        min_next_id,
+        next_seq,
+        keep,
+        free: scan.free.clone(),
+    })
+}
+
+/// Starts the report and decides on the damage: an error, or what to cut.
+fn decide(scan: &Scan, mode: RecoveryMode, committed: Option<u64>) -> Result<RecoveryReport> {
+    let mut report = RecoveryReport {
+        committed,
+        unsealed_records_dropped: scan.tail_records,
+        unsealed_bytes_dropped: scan.tail_bytes,
+        bytes_after_cut: scan.tail_frame_bytes,
+        unexpected_files: scan.unexpected.clone(),
+        ..Default::default()
+    };
+    if let Some((_, damage)) = &scan.damage {
+        let durable = scan.damage_is_durable();
+        let fail = match mode {
+            RecoveryMode::Strict => {
+                !matches!(damage.reason, CorruptionReason::Unwritten) || durable
+            }
+            RecoveryMode::TolerateTornTail => durable,
+            RecoveryMode::TruncateAtCorruption => false,
+        };
+        if fail {
+            return Err(Error::corruption(
+                damage.segment.clone(),
+                damage.offset,
+                damage.reason.clone(),
+            ));
+        }
+        if durable {
+            report.corruption = Some(damage.clone());
+        } else {
+            report.torn_tail = Some(damage.clone());
+        }
+        report.checkpoints_dropped = scan.barriers_after_damage.clone();
+    }
+
+    Ok(report)
+}
+
+/// Rebuilds the catalog from the control frames; returns it and the smallest allowed next id.
+fn rebuild_catalog(
+    scan: &Scan,
+    committed: Option<u64>,
+    mode: Mode,
+    report: &mut RecoveryReport,
+) -> Result<(Catalog, u64)> {
+    // Rebuild the catalog from the control frames of the valid prefix.
+    let mut cat = Catalog::default();
+    let mut min_next_id = committed.map_or(0, |c| c + 1);
+    let mut barriers: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut partial = Vec::new();
+    for ev in &scan.events {
+        match ev {
+            Event::Barrier(e) => {
+                if e.partial {
+                    partial.push(e);
+                }
+                min_next_id = min_next_id.max(e.id.saturating_add(1));
+                barriers.push((e.id, e.metadata.to_vec()));
+                cat.last_barrier = Some(e.barrier);
+                if committed.is_none_or(|c| e.id > c) {
+                    cat.seal(e.info());
+                }
+            }
+            Event::Restore { restored_to } => {
+                barriers.retain(|(id, _)| {
+                    restored_to.is_some_and(|t| *id <= t) || committed.is_some_and(|c| *id <= c)
+                });
+                let completed = cat.completed;
+                cat.restore(*restored_to);
+                cat.completed = completed;
+            }
+        }
+    }
+    // An epoch whose first frames are gone (its segments were freed) is fine only if it
+    // was committed or voided; one that is still pending lost data.
+    if let Some(e) = partial
+        .iter()
+        .find(|e| cat.epochs.iter().any(|p| p.id == e.id))
+    {
+        let reason = CorruptionReason::IncompleteEpoch {
+            checkpoint: e.id,
+            expected: e.records,
+            found: 0,
+        };
+        return Err(Error::corruption(
+            format::segment_name(e.barrier.seq),
+            e.barrier.offset,
+            reason,
+        ));
+    }
+    if let Some((id, meta)) = barriers.pop() {
+        report.last_checkpoint = Some(id);
+        report.last_metadata = Some(meta);
+    }
+    if mode == Mode::Durable {
+        if let Some(last) = cat.epochs.back().map(|e| e.id) {
+            cat.complete(last);
+        }
+    }
+
+    Ok((cat, min_next_id))
+}
+
+/// Cuts at the end of the last control frame, drops (or, after corruption, sets aside) what
+/// follows, and makes everything kept durable. Returns the segments kept.
+fn repair(storage: &dyn Storage, scan: &Scan, report: &mut RecoveryReport) -> Result<Vec<u64>> {
+    let lenient = report.corruption.is_some();
+    // Repair: cut at the end of the last control frame, drop (or set aside) what follows,
+    // and make everything kept durable before anything new is written.
+    let mut keep: Vec<u64> = scan.segments.clone();
+    if !scan.segments.is_empty() {
+        let cut = scan.cut;
+        let (kept, dropped): (Vec<u64>, Vec<u64>) =
+            scan.segments.iter().partition(|&&s| s <= cut.seq);
+        keep = kept;
+        if lenient {
+            let damaged_seq = scan.damage.as_ref().map(|(p, _)| p.seq);
+            if damaged_seq == Some(cut.seq) {
+                let name = format::segment_name(cut.seq);
+                copy_aside(storage, &name)?;
+                report.moved_aside.push(format!("{name}.damaged"));
+            }
+            for s in &dropped {
+                let name = format::segment_name(*s);
+                let aside = format!("{name}.damaged");
+                storage
+                    .rename(&name, &aside)
+                    .map_err(|e| Error::io(format!("move {name} aside"), e))?;
+                report.moved_aside.push(aside);
+            }
+        } else {
+            for s in &dropped {
+                let name = format::segment_name(*s);
+                storage
+                    .remove(&name)
+                    .map_err(|e| Error::io(format!("remove torn segment {name}"), e))?;
+            }
+        }
+        // The segments after the cut must be gone for good before the cut segment gets
+        // its closing frame: otherwise a crash could let the next recovery read them as
+        // the continuation of the log.
+        if !dropped.is_empty() {
+            storage
+                .sync_dir()
+                .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
+        }
+        let name = format::segment_name(cut.seq);
+        let file = storage
+            .open(&name)
+            .map_err(|e| Error::io(format!("open segment {name}"), e))?;
+        if !scan.cut_is_segment_end {
+            let mut frame = Vec::with_capacity(format::FRAME_HEADER_LEN * 2);
+            let seed = scan.cut_seed.unwrap_or(format::Seed {
+                seq: cut.seq,
+                salt: 0,
+            });
+            format::encode_frame(&mut frame, seed, cut.offset, FrameKind::SegmentEnd, &[]);
+            file.write_at(cut.offset, &frame).map_err(|e| {
+                Error::io(format!("close segment {name} at offset {}", cut.offset), e)
+            })?;
+        }
+        for s in &keep {
+            let name = format::segment_name(*s);
+            let f = storage
+                .open(&name)
+                .map_err(|e| Error::io(format!("open segment {name}"), e))?;
+            f.sync_data()
+                .map_err(|e| Error::io(format!("sync segment {name}"), e))?;
+        }
+    }
+    for name in scan.leftovers.iter().filter(|n| n.ends_with(".tmp")) {
+        storage
+            .remove(name)
+            .map_err(|e| Error::io(format!("remove leftover {name}"), e))?;
+    }
+    Ok(keep)
+}
+
+fn copy_aside(storage: &dyn Storage, name: &str) -> Result<()> {
+    let src = storage
+        .open(name)
+        .map_err(|e| Error::io(format!("open {name}"), e))?;
+    let data = src
+        .len()
+        .and_then(|len| src.read_range(0, len as usize))
+        .map_err(|e| Error::io(format!("read {name}"), e))?;
+    let aside = format!("{name}.damaged");
+    let dst = storage
+        .create(&aside)
+        .map_err(|e| Error::io(format!("create {aside}"), e))?;
+    dst.write_at(0, &data)
+        .and_then(|_| dst.sync_data())
+        .map_err(|e| Error::io(format!("write {aside}"), e))
+}

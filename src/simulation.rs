@@ -567,9 +567,14 @@ pub fn check_decode(data: &[u8]) {
     let _ = format::decode_commit(data);
 }
 
-/// A small valid log: three checkpoints over several 4 KiB segments, the first committed, an
-/// unsealed tail. Returns its files.
+/// A small valid log: four checkpoints over several 4 KiB segments, the first committed, an
+/// unsealed tail. Returns its files (built once per process).
 fn base_log() -> BTreeMap<String, Vec<u8>> {
+    static BASE: std::sync::OnceLock<BTreeMap<String, Vec<u8>>> = std::sync::OnceLock::new();
+    BASE.get_or_init(build_base_log).clone()
+}
+
+fn build_base_log() -> BTreeMap<String, Vec<u8>> {
     let sim = SimStorage::new();
     let opts = Options::new("fuzz")
         .segment_size(4096)

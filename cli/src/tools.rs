@@ -122,7 +122,7 @@ pub fn inspect(dir: &Path, json: bool) -> CliResult<ExitCode> {
         "committed through: {}",
         r.committed.map_or("-".into(), |c| c.to_string())
     )?;
-    writeln!(out, "segments:")?;
+    writeln!(out, "segments (preallocated to their full size):")?;
     for (name, len) in &r.segments {
         writeln!(out, "  {name}  {len} bytes")?;
     }

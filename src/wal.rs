@@ -219,30 +219,45 @@ impl WalSink {
     /// durable with the next [`WalSink::checkpoint`]. In [`Mode::Durable`] this returns only
     /// once the record is durable.
     pub fn append(&self, record: &[u8]) -> Result<()> {
-        self.append_batch([record])
+        self.check_size(record)?;
+        self.append_checked(std::iter::once(record))
     }
 
-    /// Appends records in order; in [`Mode::Durable`], one sync covers the whole batch.
+    /// Appends records in order; in [`Mode::Durable`], one sync covers the whole batch. If
+    /// any record is too large, none is appended.
     pub fn append_batch<'a, I>(&self, records: I) -> Result<()>
     where
         I: IntoIterator<Item = &'a [u8]>,
     {
-        let sh = &*self.shared;
-        let mut records = records.into_iter().peekable();
-        if records.peek().is_none() {
+        let records: Vec<&[u8]> = records.into_iter().collect();
+        if records.is_empty() {
             return Ok(());
         }
+        for r in &records {
+            self.check_size(r)?;
+        }
+        self.append_checked(records)
+    }
+
+    fn check_size(&self, record: &[u8]) -> Result<()> {
+        let max = self.shared.opts.max_record_size;
+        if record.len() > max {
+            return Err(ErrorKind::RecordTooLarge {
+                len: record.len(),
+                max,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Appends records already checked against the size limit.
+    fn append_checked<'a>(&self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<()> {
+        let sh = &*self.shared;
         self.wait_for_budget()?;
         let mut w = sh.w.lock();
         check_poison(&w)?;
         for r in records {
-            if r.len() > sh.opts.max_record_size {
-                return Err(ErrorKind::RecordTooLarge {
-                    len: r.len(),
-                    max: sh.opts.max_record_size,
-                }
-                .into());
-            }
             let pos = sh.write_frame(&mut w, FrameKind::Data, &[r])?;
             w.open_start.get_or_insert(pos);
             w.open_records += 1;

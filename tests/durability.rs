@@ -286,6 +286,11 @@ fn records_above_the_maximum_are_refused() {
         "{e}"
     );
     wal.append(&vec![0u8; 4 << 10]).unwrap();
+    // A batch with one oversized record appends nothing.
+    let big = vec![0u8; (4 << 10) + 1];
+    let batch: [&[u8]; 3] = [b"a", &big, b"c"];
+    assert!(wal.append_batch(batch).is_err());
+    assert_eq!(wal.health().open_records, 1);
 }
 
 #[test]

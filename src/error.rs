@@ -55,8 +55,9 @@ pub enum ErrorKind {
         /// The underlying error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A sync failed earlier; the log refuses further writes until it is reopened, because
-    /// after a failed fsync the page cache may no longer match the disk.
+    /// A write or sync failed earlier; the log refuses further writes until it is reopened,
+    /// because after a failed fsync the page cache may no longer match the disk, and after a
+    /// failed write the segment's state is unknown. Reopening re-reads the disk.
     Poisoned {
         /// The error that poisoned the log.
         cause: String,
@@ -312,7 +313,7 @@ impl fmt::Display for Error {
             }
             ErrorKind::Poisoned { cause } => write!(
                 f,
-                "the log is poisoned after a failed sync ({cause}); reopen it to recover"
+                "the log is poisoned after a failed write or sync ({cause}); reopen it to recover"
             ),
             ErrorKind::Locked { dir } => write!(
                 f,

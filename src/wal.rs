@@ -46,8 +46,6 @@ pub(crate) struct Shared {
     /// Set while someone delivers (a committer thread or `deliver_ready`): one at a time.
     pub delivering: std::sync::atomic::AtomicBool,
     open_bytes: AtomicU64,
-    /// Threads inside `append_batch` now: a sync leader with company waits a moment for them.
-    appenders: AtomicU64,
     _lock: Box<dyn Send + Sync + std::fmt::Debug>,
 }
 
@@ -202,7 +200,6 @@ impl WalSink {
             store: Mutex::new(store),
             delivering: std::sync::atomic::AtomicBool::new(false),
             open_bytes: AtomicU64::new(0),
-            appenders: AtomicU64::new(0),
             _lock: lock,
         };
         Ok((
@@ -267,10 +264,7 @@ impl WalSink {
         if sh.opts.mode == Mode::Durable {
             let target = w.seg.position();
             drop(w);
-            sh.appenders.fetch_add(1, Ordering::Relaxed);
-            let res = sh.sync_to(target);
-            sh.appenders.fetch_sub(1, Ordering::Relaxed);
-            res?;
+            sh.sync_to(target)?;
         }
         Ok(())
     }
@@ -593,7 +587,6 @@ impl Shared {
     /// mode the syncing thread first seals the open epoch with an automatic barrier.
     pub(crate) fn sync_to(&self, target: Position) -> Result<()> {
         let mut w = self.w.lock();
-        let mut yielded = false;
         loop {
             check_poison(&w)?;
             if w.synced >= target {
@@ -601,13 +594,6 @@ impl Shared {
             }
             if w.sync_in_flight {
                 self.synced_cv.wait(&mut w);
-                continue;
-            }
-            // Group commit: writers woken by the previous sync are about to append; one
-            // yield lets them join this sync instead of each paying for its own.
-            if !yielded && self.appenders.load(Ordering::Relaxed) > 1 {
-                yielded = true;
-                MutexGuard::unlocked(&mut w, std::thread::yield_now);
                 continue;
             }
             if self.opts.mode == Mode::Durable && w.open_records > 0 {

@@ -10,7 +10,7 @@ use crate::format::{self, FrameKind};
 use crate::recovery::{self, Damage, Event, Scan};
 use crate::storage::Storage;
 
-/// What [`WalSink::open`] found and did.
+/// What [`WalSink::open`](crate::WalSink::open) found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecoveryReport {

@@ -19,7 +19,12 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        // Shrunk failures are saved beside this file, to be committed as regressions.
+        failure_persistence: Some(Box::new(proptest::test_runner::FileFailurePersistence::WithSource("regressions"))),
+        .. ProptestConfig::default()
+    })]
 
     #[test]
     fn random_operation_sequences_match_the_model(seed in any::<u64>(), ops in proptest::collection::vec(op(), 1..120)) {

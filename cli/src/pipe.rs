@@ -142,7 +142,7 @@ pub fn run(args: PipeArgs) -> CliResult<ExitCode> {
         )
         .into());
     }
-    if let Some(torn) = &report.torn_tail {
+    if let Some(torn) = report.torn_tail.as_ref().filter(|_| !args.quiet) {
         eprintln!(
             "recovered: cut a torn tail at {} offset {} ({})",
             torn.segment, torn.offset, torn.reason

@@ -129,7 +129,7 @@ pub enum CorruptionReason {
     /// A segment header with bad magic bytes, a bad checksum, or a sequence number that does not
     /// match the file name.
     BadHeader,
-    /// A frame length that points past the end of its segment.
+    /// A frame length above the format's maximum ([`MAX_PAYLOAD`](crate::format::MAX_PAYLOAD)).
     BadLength {
         /// The length field.
         len: u64,
@@ -169,7 +169,7 @@ impl fmt::Display for CorruptionReason {
                 )
             }
             Self::BadHeader => f.write_str("bad segment header"),
-            Self::BadLength { len } => write!(f, "frame length {len} points past the segment end"),
+            Self::BadLength { len } => write!(f, "frame length {len} exceeds the format's maximum"),
             Self::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
             Self::TornFrame => f.write_str("torn frame (ends past the end of the file)"),
             Self::Unwritten => f.write_str("unwritten bytes where a frame must be"),

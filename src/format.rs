@@ -39,6 +39,10 @@ pub const FRAME_ALIGN: usize = 8;
 const _: () = assert!(SEGMENT_HEADER_LEN.is_multiple_of(FRAME_ALIGN));
 /// Frame header: header CRC, payload length, kind, three reserved bytes, payload CRC.
 pub const FRAME_HEADER_LEN: usize = U32 + U32 + 1 + 3 + U32;
+/// Largest payload a frame may have: the largest record (1 GiB) or the largest barrier
+/// (40 bytes plus 16 MiB of metadata). Readers reject longer length fields before reading.
+pub const MAX_PAYLOAD: usize = (1 << 30) + BARRIER_FIXED_LEN + (16 << 20);
+
 /// Bytes kept free at the end of every segment for its closing [`FrameKind::SegmentEnd`].
 pub const SEGMENT_END_RESERVE: usize = FRAME_HEADER_LEN;
 
@@ -271,6 +275,11 @@ pub fn decode_frame_in(
     let Some(kind) = FrameKind::from_u8(h[8]) else {
         return Err(FrameError::Bad(CorruptionReason::UnknownKind(h[8])));
     };
+    if len > MAX_PAYLOAD {
+        return Err(FrameError::Bad(CorruptionReason::BadLength {
+            len: len as u64,
+        }));
+    }
     let body = at + FRAME_HEADER_LEN;
     // The whole frame, padding included, must be in the buffer: readers step by `size`.
     if buf.len() < at + frame_size(len) {
@@ -557,7 +566,9 @@ mod tests {
         v[32..36].copy_from_slice(&crc.to_le_bytes());
         assert_eq!(
             decode_frame(&v, seed(1), 32),
-            Err(FrameError::Bad(CorruptionReason::TornFrame))
+            Err(FrameError::Bad(CorruptionReason::BadLength {
+                len: u32::MAX as u64
+            }))
         );
     }
 

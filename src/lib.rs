@@ -18,6 +18,7 @@ pub mod sinks;
 pub mod storage;
 mod verify;
 mod wal;
+mod window;
 
 pub use checkpoint::{CheckpointState, Health, PendingCheckpoint};
 pub use commit_store::{CommitStore, LocalCommitStore, MemoryCommitStore};

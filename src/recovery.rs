@@ -12,6 +12,7 @@ use crate::format::{
     self, FrameError, FrameKind, HeaderError, Position, Seed, FRAME_ALIGN, SEGMENT_HEADER_LEN,
 };
 use crate::storage::Storage;
+use crate::window::Window;
 use bytes::Bytes;
 
 /// The identity file.
@@ -118,77 +119,6 @@ impl Scan {
     }
 }
 
-/// A segment read from its start in growing chunks, so a scan of a preallocated segment stops
-/// near the end of its data instead of reading the unwritten rest.
-struct Chunked {
-    file: std::sync::Arc<dyn crate::storage::StorageFile>,
-    name: String,
-    len: usize,
-    buf: Bytes,
-}
-
-impl Chunked {
-    // Small enough that the simulated disk's 4-16 KiB segments exercise the growth path;
-    // doubling re-reads at most twice the bytes a segment holds.
-    const FIRST: usize = 4 << 10;
-
-    fn open(storage: &dyn Storage, seq: u64) -> Result<Self> {
-        let name = format::segment_name(seq);
-        let file = storage
-            .open(&name)
-            .map_err(|e| Error::io(format!("open segment {name}"), e))?;
-        let len = file
-            .len()
-            .map_err(|e| Error::io(format!("stat segment {name}"), e))?;
-        let len = usize::try_from(len)
-            .map_err(|_| Error::corruption(name.clone(), 0, CorruptionReason::BadHeader))?;
-        let mut c = Chunked {
-            file,
-            name,
-            len,
-            buf: Bytes::new(),
-        };
-        c.read_to(Self::FIRST.min(len))?;
-        Ok(c)
-    }
-
-    fn read_to(&mut self, n: usize) -> Result<()> {
-        self.buf = self
-            .file
-            .read_range(0, n)
-            .map_err(|e| Error::io(format!("read segment {}", self.name), e))?;
-        Ok(())
-    }
-
-    /// Reads twice as much (up to the whole file); false if it already holds all of it.
-    fn grow(&mut self) -> Result<bool> {
-        if self.buf.len() >= self.len {
-            return Ok(false);
-        }
-        self.read_to((self.buf.len() * 2).max(Self::FIRST).min(self.len))?;
-        Ok(true)
-    }
-
-    fn read_all(&mut self) -> Result<&[u8]> {
-        while self.grow()? {}
-        Ok(&self.buf)
-    }
-}
-
-fn map_segment(storage: &dyn Storage, seq: u64) -> Result<Bytes> {
-    let name = format::segment_name(seq);
-    let f = storage
-        .open(&name)
-        .map_err(|e| Error::io(format!("open segment {name}"), e))?;
-    let len = f
-        .len()
-        .map_err(|e| Error::io(format!("stat segment {name}"), e))?;
-    let len = usize::try_from(len)
-        .map_err(|_| Error::corruption(name.clone(), 0, CorruptionReason::BadHeader))?;
-    f.read_range(0, len)
-        .map_err(|e| Error::io(format!("read segment {name}"), e))
-}
-
 /// Reads the directory and scans every segment. Fails only on I/O errors and on files of an
 /// unsupported version; damage is described in the result.
 pub(crate) fn scan(storage: &dyn Storage) -> Result<Scan> {
@@ -247,8 +177,8 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
             );
             return Ok(());
         }
-        let mut seg = Chunked::open(storage, seq)?;
-        let seed = match format::decode_segment_header(&seg.buf, seq) {
+        let mut seg = Window::open(storage, seq)?;
+        let seed = match seg.seed(seq) {
             Ok(seed) => seed,
             Err(HeaderError::Version(found)) => {
                 return Err(ErrorKind::UnsupportedVersion {
@@ -258,7 +188,7 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                 }
                 .into())
             }
-            Err(HeaderError::Bad) if last && seg.read_all()?.iter().all(|&b| b == 0) => {
+            Err(HeaderError::Bad) if last && seg.zero_from(0)? => {
                 // Created but never written (or its first write was lost): a clean end.
                 finish_tail(scan, records, bytes);
                 return Ok(());
@@ -278,30 +208,13 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
             scan.cut_seed = Some(seed);
         }
         let mut at = SEGMENT_HEADER_LEN;
-        let mut view: Bytes;
         loop {
             let pos = Position {
                 seq,
                 offset: at as u64,
             };
             scan.valid_end = pos;
-            // Decode from the chunk read so far; a frame that may run past it reads more.
-            let decoded = loop {
-                view = seg.buf.clone();
-                let r = format::decode_frame(&view, seed, at);
-                let short = match &r {
-                    Err(FrameError::Zero) => at + format::FRAME_HEADER_LEN > view.len(),
-                    Err(FrameError::ShortHeader | FrameError::Bad(CorruptionReason::TornFrame)) => {
-                        true
-                    }
-                    _ => false,
-                };
-                if short && seg.grow()? {
-                    continue;
-                }
-                break r;
-            };
-            let frame = match decoded {
+            let frame = match seg.frame(seed, at as u64)? {
                 Ok(f) => f,
                 Err(FrameError::Zero) if last => {
                     finish_tail(scan, records, bytes);
@@ -323,6 +236,7 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                     return Ok(());
                 }
             };
+            let payload = &seg.buf()[frame.payload.clone()];
             let next = Position {
                 seq,
                 offset: (at + frame.size) as u64,
@@ -331,11 +245,11 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
             match frame.kind {
                 FrameKind::Data => {
                     records += 1;
-                    bytes += frame.payload.len() as u64;
+                    bytes += payload.len() as u64;
                     epoch_start.get_or_insert(pos);
                 }
                 FrameKind::Barrier => {
-                    let Some(b) = format::Barrier::decode(frame.payload) else {
+                    let Some(b) = format::Barrier::decode(payload) else {
                         set_damage(scan, pos, name, at as u64, CorruptionReason::BadPayload);
                         finish_tail(scan, records, bytes);
                         return Ok(());
@@ -365,7 +279,7 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                     scan.cut_seed = Some(seed);
                 }
                 FrameKind::Restore => {
-                    let Some(r) = format::Restore::decode(frame.payload) else {
+                    let Some(r) = format::Restore::decode(payload) else {
                         set_damage(scan, pos, name, at as u64, CorruptionReason::BadPayload);
                         finish_tail(scan, records, bytes);
                         return Ok(());
@@ -430,37 +344,39 @@ fn scan_after_damage(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
         return Ok(());
     };
     for &seq in scan.segments.iter().filter(|&&s| s >= pos.seq) {
-        let map = map_segment(storage, seq)?;
+        let mut seg = Window::open(storage, seq)?;
         // Frames of a segment whose header is unreadable cannot be verified: skip it.
-        let Ok(seed) = format::decode_segment_header(&map, seq) else {
+        let Ok(seed) = seg.seed(seq) else {
             continue;
         };
+        let align = FRAME_ALIGN as u64;
         let mut at = if seq == pos.seq {
-            (pos.offset as usize + FRAME_ALIGN).max(SEGMENT_HEADER_LEN)
+            (pos.offset + align).max(SEGMENT_HEADER_LEN as u64)
         } else {
-            SEGMENT_HEADER_LEN
+            SEGMENT_HEADER_LEN as u64
         };
-        while at + format::FRAME_HEADER_LEN <= map.len() {
-            match format::decode_frame(&map, seed, at) {
+        while at + format::FRAME_HEADER_LEN as u64 <= seg.len() {
+            match seg.frame(seed, at)? {
                 Ok(frame) => {
-                    if let Some(claim) = format::durable_claim(&frame) {
-                        if std::env::var("WALSINK_DEBUG").is_ok() {
-                            eprintln!(
-                                "claim {claim:?} by {:?} at seq {seq} off {at}, damage at {pos:?}",
-                                frame.kind
-                            );
+                    let payload = &seg.buf()[frame.payload.clone()];
+                    let claim = match frame.kind {
+                        FrameKind::Barrier => format::Barrier::decode(payload).map(|b| {
+                            scan.barriers_after_damage.push(b.checkpoint);
+                            b.durable_through
+                        }),
+                        FrameKind::Restore => {
+                            format::Restore::decode(payload).map(|r| r.durable_through)
                         }
+                        _ => None,
+                    };
+                    if let Some(claim) = claim {
                         scan.claim_after_damage =
                             Some(scan.claim_after_damage.map_or(claim, |c| c.max(claim)));
                     }
-                    if frame.kind == FrameKind::Barrier {
-                        if let Some(b) = format::Barrier::decode(frame.payload) {
-                            scan.barriers_after_damage.push(b.checkpoint);
-                        }
-                    }
-                    at += frame.size;
+                    at += frame.size as u64;
                 }
-                Err(_) => at += FRAME_ALIGN,
+                Err(FrameError::Zero) => at = seg.skip_zeros(at + align)?,
+                Err(_) => at += align,
             }
         }
     }

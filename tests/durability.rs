@@ -203,10 +203,7 @@ fn disk_full_on_write_is_a_typed_error_and_nothing_is_lost() {
         WalSink::open_with_storage(Arc::new(sim.clone()), opts("enospc").segment_size(8192))
             .unwrap();
     assert_eq!(report.pending, vec![1]);
-    wal.checkpoint_complete(1).unwrap();
-    let mut sink = MemorySink::new();
-    wal.deliver_ready(&mut sink).unwrap();
-    assert_eq!(sink.records(), values(1, 10));
+    assert_eq!(complete_and_deliver(&wal, 1), values(1, 10));
 }
 
 #[test]

@@ -146,10 +146,7 @@ fn permission_denied_is_a_typed_error_and_clears_on_reopen() {
     drop(wal);
     let (wal, report) = WalSink::open(dir.path(), o).unwrap();
     assert_eq!(report.pending, vec![1]);
-    wal.checkpoint_complete(1).unwrap();
-    let mut sink = MemorySink::new();
-    wal.deliver_ready(&mut sink).unwrap();
-    assert_eq!(sink.records(), values(1, 10));
+    assert_eq!(complete_and_deliver(&wal, 1), values(1, 10));
 }
 
 #[test]

@@ -47,6 +47,14 @@ fn pipe(dir: &Path, n: usize, every: &str) -> Output {
     ])
 }
 
+/// The directory sink under `dir/out` holds exactly the first `n` input lines, in order.
+fn assert_delivered(dir: &Path, n: usize) {
+    assert_eq!(
+        walsink::DirSink::read_records(dir.join("out")).unwrap(),
+        expected(n)
+    );
+}
+
 fn segments(wal: &Path) -> Vec<PathBuf> {
     let mut v: Vec<_> = fs::read_dir(wal)
         .unwrap()
@@ -62,17 +70,11 @@ fn pipe_delivers_every_line_once_and_is_idempotent() {
     let d = tempfile::tempdir().unwrap();
     let o = pipe(d.path(), 5000, "700");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(
-        walsink::DirSink::read_records(d.path().join("out")).unwrap(),
-        expected(5000)
-    );
+    assert_delivered(d.path(), 5000);
     // Running it again changes nothing.
     let o = pipe(d.path(), 5000, "700");
     assert!(o.status.success());
-    assert_eq!(
-        walsink::DirSink::read_records(d.path().join("out")).unwrap(),
-        expected(5000)
-    );
+    assert_delivered(d.path(), 5000);
 }
 
 #[test]
@@ -292,10 +294,7 @@ fn torn_tail_is_reported_repaired_and_pipe_still_delivers_exactly_once() {
     assert_eq!(walsink(&["verify", w]).status.code(), Some(0));
     let o = pipe(d.path(), 3000, "400");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(
-        walsink::DirSink::read_records(d.path().join("out")).unwrap(),
-        expected(3000)
-    );
+    assert_delivered(d.path(), 3000);
 }
 
 #[test]

@@ -33,3 +33,11 @@ pub fn append_values(wal: &WalSink, a: u32, b: u32) {
         wal.append(&v).expect("append");
     }
 }
+
+/// Completes checkpoint `id`, delivers everything deliverable to a new sink, returns its records.
+pub fn complete_and_deliver(wal: &WalSink, id: u64) -> Vec<Vec<u8>> {
+    wal.checkpoint_complete(id).expect("complete");
+    let mut sink = walsink::MemorySink::new();
+    wal.deliver_ready(&mut sink).expect("deliver");
+    sink.records()
+}

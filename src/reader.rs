@@ -95,7 +95,8 @@ fn data_runs(
     }
 }
 
-/// Reads a sealed epoch back, verifying each frame and the barrier, as zero-copy slices.
+/// Reads a sealed epoch back, verifying each frame and the barrier; records are slices of
+/// one buffer per segment range.
 pub(crate) fn load_epoch(storage: &dyn Storage, e: &EpochInfo, key: EpochKey) -> Result<Epoch> {
     let barrier_size = format::frame_size(format::BARRIER_FIXED_LEN + e.metadata.len()) as u64;
     let (parts, count, w) = data_runs(storage, e.start, e.barrier, barrier_size)?;

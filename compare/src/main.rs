@@ -122,7 +122,9 @@ fn floor_read(paths: &[std::path::PathBuf]) -> Run {
 // ---------- walsink ----------
 
 fn ws_opts() -> Options {
-    Options::new("bench").max_record_size(64 << 10).max_metadata_size(1024)
+    Options::new("bench")
+        .max_record_size(64 << 10)
+        .max_metadata_size(1024)
 }
 
 fn walsink_bulk(dir: &Path, recs: &[Vec<u8>]) -> Run {
@@ -142,7 +144,11 @@ fn walsink_durable(dir: &Path, recs: Arc<Vec<Vec<u8>>>, threads: usize) -> Run {
     concurrent(recs, threads, move |r| wal.append(r).unwrap())
 }
 
-fn concurrent(recs: Arc<Vec<Vec<u8>>>, threads: usize, f: impl Fn(&[u8]) + Send + Sync + 'static) -> Run {
+fn concurrent(
+    recs: Arc<Vec<Vec<u8>>>,
+    threads: usize,
+    f: impl Fn(&[u8]) + Send + Sync + 'static,
+) -> Run {
     let f = Arc::new(f);
     let n = recs.len() as u64;
     let bytes: u64 = recs.iter().map(|r| r.len() as u64).sum();
@@ -223,7 +229,9 @@ fn raft_bulk(dir: &Path, recs: &[Vec<u8>]) -> Run {
         let mut batch = raft_engine::LogBatch::default();
         let n = recs.len();
         for (i, r) in recs.iter().enumerate() {
-            batch.put(1, (i as u64).to_be_bytes().to_vec(), r.clone()).unwrap();
+            batch
+                .put(1, (i as u64).to_be_bytes().to_vec(), r.clone())
+                .unwrap();
             if batch.approximate_size() >= (1 << 20) || i + 1 == n {
                 engine.write(&mut batch, i + 1 == n).unwrap();
             }
@@ -275,44 +283,48 @@ fn walsink_recover(dir: &Path, bytes: u64) -> Run {
     let secs = t.elapsed().as_secs_f64();
     assert!(report.pending_records >= bytes / 4096);
     drop(wal);
-    Run { secs, ops: 1, bytes }
+    Run {
+        secs,
+        ops: 1,
+        bytes,
+    }
 }
 
-/// Reads every pending epoch back as the committer does (verified, zero-copy) and touches each
-/// record: the delivery path to a sink that does nothing.
-fn walsink_deliver_null(dir: &Path) -> Run {
-    let storage = walsink::storage::FsStorage::new(dir).unwrap();
-    let mut bytes = 0u64;
-    let mut n = 0u64;
-    let t = Instant::now();
-    walsink::dump(&storage, |_, _, epoch| {
-        for r in epoch.records() {
-            bytes += r.data.len() as u64;
-            n += 1;
+/// A sink that touches every record and keeps nothing.
+struct Null;
+
+impl walsink::Sink for Null {
+    fn deliver(&mut self, e: &walsink::Epoch) -> Result<(), walsink::SinkError> {
+        for r in e.records() {
             std::hint::black_box(r.data);
         }
         Ok(())
-    })
-    .unwrap();
-    Run {
-        secs: t.elapsed().as_secs_f64(),
-        ops: n,
-        bytes,
     }
+}
+
+/// Delivers a freshly built log of `bytes` to a null sink through `deliver_ready`: the
+/// committer's path, with each epoch read back and verified, marked in the local commit store
+/// and its segments freed. Building and opening the log are not timed. Returns the run and the
+/// floor (read(2) of the same segment files just before).
+fn walsink_deliver_null(dir: &Path, bytes: u64) -> (Run, Run) {
+    let segs = build_log(dir, bytes);
+    let floor = floor_read(&segs);
+    let (wal, report) = WalSink::open(dir, ws_opts()).unwrap();
+    wal.restore(report.pending.last().copied()).unwrap();
+    let t = Instant::now();
+    wal.deliver_ready(&mut Null).unwrap();
+    let run = Run {
+        secs: t.elapsed().as_secs_f64(),
+        ops: report.pending_records,
+        bytes: report.pending_records * 4096,
+    };
+    assert_eq!(wal.health().backlog_epochs, 0);
+    (run, floor)
 }
 
 /// Appends a multi-GiB backlog, then delivers it to a null sink through the committer thread,
 /// sampling resident memory. Returns (peak anonymous RSS, peak total RSS) in MiB.
 fn memory_check(dir: &Path, bytes: u64) -> (u64, u64) {
-    struct Null;
-    impl walsink::Sink for Null {
-        fn deliver(&mut self, e: &walsink::Epoch) -> Result<(), walsink::SinkError> {
-            for r in e.records() {
-                std::hint::black_box(r.data);
-            }
-            Ok(())
-        }
-    }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let peak = Arc::new(parking_peak::Peak::default());
     let sampler = {
@@ -365,11 +377,16 @@ mod parking_peak {
     impl Peak {
         pub fn sample(&self) {
             let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-            self.anon.fetch_max(field(&s, "RssAnon:") / 1024, Ordering::Relaxed);
-            self.total.fetch_max(field(&s, "VmRSS:") / 1024, Ordering::Relaxed);
+            self.anon
+                .fetch_max(field(&s, "RssAnon:") / 1024, Ordering::Relaxed);
+            self.total
+                .fetch_max(field(&s, "VmRSS:") / 1024, Ordering::Relaxed);
         }
         pub fn get(&self) -> (u64, u64) {
-            (self.anon.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed))
+            (
+                self.anon.load(Ordering::Relaxed),
+                self.total.load(Ordering::Relaxed),
+            )
         }
     }
 }
@@ -390,7 +407,10 @@ impl Table {
     }
 
     fn runs(&self, case: &str, imp: &str) -> Option<&Vec<Run>> {
-        self.rows.iter().find(|r| r.0 == case && r.1 == imp).map(|r| &r.2)
+        self.rows
+            .iter()
+            .find(|r| r.0 == case && r.1 == imp)
+            .map(|r| &r.2)
     }
 }
 
@@ -489,7 +509,10 @@ fn main() {
             memory_bytes: 4096 * MIB,
         }
     };
-    let base = tempfile::Builder::new().prefix("walsink-compare-").tempdir_in(".").unwrap();
+    let base = tempfile::Builder::new()
+        .prefix("walsink-compare-")
+        .tempdir_in(".")
+        .unwrap();
     let mut table = Table::default();
     let sizes = [64usize, 256, 4096];
     let bulk: Vec<(usize, Vec<Vec<u8>>)> = sizes
@@ -498,7 +521,10 @@ fn main() {
         .collect();
     let durable = Arc::new(records(cfg.durable_ops, 256));
     let log_dir = base.path().join("recovery-log");
-    eprintln!("building a {} MiB log for the recovery and delivery cases", cfg.recovery_bytes / MIB);
+    eprintln!(
+        "building a {} MiB log for the recovery and delivery cases",
+        cfg.recovery_bytes / MIB
+    );
     let segs = build_log(&log_dir, cfg.recovery_bytes);
     for round in 0..cfg.rounds {
         eprintln!("round {}/{}", round + 1, cfg.rounds);
@@ -509,7 +535,10 @@ fn main() {
             }
             // Rotate the order so no implementation always runs right after another's flush.
             let mut imps: Vec<(&str, Box<dyn Fn(&Path) -> Run>)> = vec![
-                ("floor: buffered write + 1 fdatasync", Box::new(|d| floor_buffered(d, recs))),
+                (
+                    "floor: buffered write + 1 fdatasync",
+                    Box::new(|d| floor_buffered(d, recs)),
+                ),
                 ("walsink", Box::new(|d| walsink_bulk(d, recs))),
                 ("okaywal 0.3.1", Box::new(|d| okaywal_bulk(d, recs))),
                 ("raft-engine 0.4.2", Box::new(|d| raft_bulk(d, recs))),
@@ -526,10 +555,22 @@ fn main() {
                 continue;
             }
             let mut imps: Vec<(&str, Box<dyn Fn(&Path) -> Run>)> = vec![
-                ("floor: pwrite + fdatasync loop", Box::new(|d| floor_fsync_loop(d, &durable))),
-                ("walsink", Box::new(|d| walsink_durable(d, durable.clone(), threads))),
-                ("okaywal 0.3.1", Box::new(|d| okaywal_durable(d, durable.clone(), threads))),
-                ("raft-engine 0.4.2", Box::new(|d| raft_durable(d, durable.clone(), threads))),
+                (
+                    "floor: pwrite + fdatasync loop",
+                    Box::new(|d| floor_fsync_loop(d, &durable)),
+                ),
+                (
+                    "walsink",
+                    Box::new(|d| walsink_durable(d, durable.clone(), threads)),
+                ),
+                (
+                    "okaywal 0.3.1",
+                    Box::new(|d| okaywal_durable(d, durable.clone(), threads)),
+                ),
+                (
+                    "raft-engine 0.4.2",
+                    Box::new(|d| raft_durable(d, durable.clone(), threads)),
+                ),
             ];
             imps.rotate_left(round % 4);
             for (name, f) in imps {
@@ -537,15 +578,35 @@ fn main() {
                 table.add(&case, name, f(d.path()));
             }
         }
-        let rec_case = format!("recovery of a {} MiB log (page cache)", cfg.recovery_bytes / MIB);
+        let rec_case = format!(
+            "recovery of a {} MiB log (page cache)",
+            cfg.recovery_bytes / MIB
+        );
         if run_case(&rec_case) {
-            table.add(&rec_case, "floor: read(2) of the segment files", floor_read(&segs));
-            table.add(&rec_case, "walsink open", walsink_recover(&log_dir, cfg.recovery_bytes));
+            table.add(
+                &rec_case,
+                "floor: read(2) of the segment files",
+                floor_read(&segs),
+            );
+            table.add(
+                &rec_case,
+                "walsink open",
+                walsink_recover(&log_dir, cfg.recovery_bytes),
+            );
         }
-        let del_case = format!("delivery of {} MiB to a null sink", cfg.recovery_bytes / MIB);
+        let del_case = format!(
+            "delivery of {} MiB to a null sink",
+            cfg.recovery_bytes / MIB
+        );
         if run_case(&del_case) {
-            table.add(&del_case, "floor: read(2) of the segment files", floor_read(&segs));
-            table.add(&del_case, "walsink read-back (verified, one read per segment range)", walsink_deliver_null(&log_dir));
+            let d = tempfile::tempdir_in(base.path()).unwrap();
+            let (run, floor) = walsink_deliver_null(d.path(), cfg.recovery_bytes);
+            table.add(&del_case, "floor: read(2) of the segment files", floor);
+            table.add(
+                &del_case,
+                "walsink deliver_ready (verified, marked, segments freed)",
+                run,
+            );
         }
     }
     let floor_of = |case: &str| -> &'static str {
@@ -557,12 +618,18 @@ fn main() {
             "floor: read(2) of the segment files"
         }
     };
-    println!("rounds: {}; every ratio is throughput / the floor's throughput in the same round\n", cfg.rounds);
+    println!(
+        "rounds: {}; every ratio is throughput / the floor's throughput in the same round\n",
+        cfg.rounds
+    );
     print_table(&table, &floor_of);
     if !only.is_empty() {
         return;
     }
-    eprintln!("memory check: appending {} MiB, then delivering it", cfg.memory_bytes / MIB);
+    eprintln!(
+        "memory check: appending {} MiB, then delivering it",
+        cfg.memory_bytes / MIB
+    );
     let mem_dir = base.path().join("memory-log");
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .arg("--memory-check-child")
@@ -570,7 +637,11 @@ fn main() {
         .arg(&mem_dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "memory check failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "memory check failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let mut it = text.split_whitespace().map(|v| v.parse::<u64>().unwrap());
     let (anon, total) = (it.next().unwrap(), it.next().unwrap());

@@ -130,10 +130,14 @@ impl Shared {
             d.unmarked += 1;
             return Ok(Step::Done(e.id));
         }
-        let epoch = reader::load_epoch(&*self.storage, &e, key)?;
-        if !epoch.is_empty() {
-            sink.deliver(&epoch)?;
-        }
+        let epoch = reader::load_epoch(&*self.storage, &self.read_pool, &e, key)?;
+        let delivered = if epoch.is_empty() {
+            Ok(())
+        } else {
+            sink.deliver(&epoch)
+        };
+        self.read_pool.give_back(epoch);
+        delivered?;
         failpoint("committer::deliver::after")?;
         d.delivered = Some(e.id);
         d.unmarked += 1;

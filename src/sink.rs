@@ -36,8 +36,11 @@ pub struct Epoch {
     pub(crate) metadata: Bytes,
     pub(crate) records: u64,
     pub(crate) bytes: u64,
-    /// Runs of consecutive verified data frames, each starting at a frame boundary.
-    pub(crate) parts: Vec<Bytes>,
+    /// The buffers the epoch's byte ranges were read into.
+    pub(crate) buffers: Vec<Bytes>,
+    /// Runs of consecutive verified data frames, each starting at a frame boundary: a buffer
+    /// index and a range in it.
+    pub(crate) parts: Vec<(usize, std::ops::Range<usize>)>,
 }
 
 impl Epoch {
@@ -76,6 +79,11 @@ impl Epoch {
         self.bytes
     }
 
+    /// Gives the read buffers back (for reuse) once nothing else refers to them.
+    pub(crate) fn into_buffers(self) -> Vec<Bytes> {
+        self.buffers
+    }
+
     /// The records in append order, each with its position.
     pub fn records(&self) -> Records<'_> {
         Records {
@@ -110,7 +118,8 @@ impl<'a> Iterator for Records<'a> {
 
     fn next(&mut self) -> Option<Record<'a>> {
         loop {
-            let part = self.epoch.parts.get(self.part)?;
+            let (buffer, range) = self.epoch.parts.get(self.part)?;
+            let part = &self.epoch.buffers[*buffer][range.clone()];
             match crate::format::peek_frame(part, self.at) {
                 Some(f) => {
                     self.at += f.size;

@@ -289,6 +289,7 @@ pub fn dump(
             }
         }
     }
+    let pool = reader::BufferPool::default();
     for ev in &scan.events {
         let Event::Barrier(e) = ev else { continue };
         if e.partial {
@@ -300,7 +301,7 @@ pub fn dump(
             subtask,
             checkpoint: e.id,
         };
-        let epoch = reader::load_epoch(storage, &info, key)?;
+        let epoch = reader::load_epoch(storage, &pool, &info, key)?;
         let state = if committed.is_some_and(|c| e.id <= c) {
             DumpState::Committed
         } else if voided.contains(&e.id) {
@@ -309,6 +310,7 @@ pub fn dump(
             DumpState::Pending
         };
         f(Some(e.id), state, &epoch).map_err(|e| Error::io("write the dump", e))?;
+        pool.give_back(epoch);
     }
     if scan.tail_records > 0 {
         let key = EpochKey {

@@ -46,6 +46,8 @@ pub(crate) struct Shared {
     /// Set while someone delivers (a committer thread or `deliver_ready`): one at a time.
     pub delivering: std::sync::atomic::AtomicBool,
     open_bytes: AtomicU64,
+    /// Read buffers reused between delivered epochs.
+    pub read_pool: crate::reader::BufferPool,
     _lock: Box<dyn Send + Sync + std::fmt::Debug>,
 }
 
@@ -200,6 +202,7 @@ impl WalSink {
             store: Mutex::new(store),
             delivering: std::sync::atomic::AtomicBool::new(false),
             open_bytes: AtomicU64::new(0),
+            read_pool: Default::default(),
             _lock: lock,
         };
         Ok((

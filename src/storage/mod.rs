@@ -65,7 +65,19 @@ pub trait StorageFile: Send + Sync + Debug {
     /// per record. Files are read, never memory-mapped: through a mapping an I/O error, or a
     /// hole that a full filesystem cannot back, arrives as SIGBUS instead of an error.
     fn read_range(&self, offset: u64, len: usize) -> io::Result<Bytes> {
-        let mut buf = vec![0u8; len];
+        let mut buf = Vec::new();
+        self.read_range_into(offset, len, &mut buf)?;
+        Ok(Bytes::from(buf))
+    }
+
+    /// Like [`StorageFile::read_range`], into `buf`, reusing its allocation: a buffer whose
+    /// pages are already mapped is filled several times faster than a fresh one.
+    fn read_range_into(&self, offset: u64, len: usize, buf: &mut Vec<u8>) -> io::Result<()> {
+        if buf.len() < len {
+            buf.resize(len, 0);
+        } else {
+            buf.truncate(len);
+        }
         let mut at = 0;
         while at < len {
             let n = self.read_at(offset + at as u64, &mut buf[at..])?;
@@ -75,7 +87,7 @@ pub trait StorageFile: Send + Sync + Debug {
             at += n;
         }
         buf.truncate(at);
-        Ok(Bytes::from(buf))
+        Ok(())
     }
 }
 

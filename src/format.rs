@@ -413,15 +413,6 @@ impl Restore {
     }
 }
 
-/// The `durable_through` claim of a control frame, if it is one.
-pub fn durable_claim(frame: &FrameRef<'_>) -> Option<Position> {
-    match frame.kind {
-        FrameKind::Barrier => Barrier::decode(frame.payload).map(|b| b.durable_through),
-        FrameKind::Restore => Restore::decode(frame.payload).map(|r| r.durable_through),
-        _ => None,
-    }
-}
-
 /// Encodes a small checksummed file: magic, version, body length, body, CRC of all before it.
 pub fn encode_small_file(magic: [u8; 8], body: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(8 + 4 + 4 + body.len() + 4);

@@ -110,6 +110,23 @@ pub(crate) struct Scan {
 }
 
 impl Scan {
+    /// Checkpoint ids that a later restore frame voided (committed ones are never voided).
+    pub fn voided(&self, committed: Option<u64>) -> std::collections::HashSet<u64> {
+        let mut seen = Vec::new();
+        let mut voided = std::collections::HashSet::new();
+        for ev in &self.events {
+            match ev {
+                Event::Barrier(e) => seen.push(e.id),
+                Event::Restore { restored_to } => {
+                    voided.extend(seen.iter().copied().filter(|&id| {
+                        restored_to.is_none_or(|t| id > t) && committed.is_none_or(|c| id > c)
+                    }))
+                }
+            }
+        }
+        voided
+    }
+
     /// True when the damage lies in data that a completed sync covered.
     pub fn damage_is_durable(&self) -> bool {
         match (&self.damage, self.claim_after_damage) {

@@ -219,8 +219,8 @@ fn open_segment(
             storage.open(&name)?
         }
     };
-    // The header is written with the first flush; stale frames of a recycled file stay behind
-    // it but never verify, as every frame's checksum covers the segment's seed.
+    // The caller writes the header at once; stale frames of a recycled file stay behind it
+    // but never verify, as every frame's checksum covers the segment's seed.
     Ok((name, file))
 }
 

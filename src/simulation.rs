@@ -556,7 +556,8 @@ pub fn check_decode(data: &[u8]) {
     let mut at = 0;
     while at < data.len() {
         if let Ok(f) = format::decode_frame(data, seed, at) {
-            let _ = format::durable_claim(&f);
+            let _ = format::Barrier::decode(f.payload);
+            let _ = format::Restore::decode(f.payload);
         }
         let _ = format::peek_frame(data, at);
         at += 1;

@@ -158,31 +158,22 @@ pub fn verify(storage: &dyn Storage) -> Result<VerifyReport> {
         ));
     }
     let mut partial = Vec::new();
+    let voided = scan.voided(r.committed);
     for ev in &scan.events {
-        match ev {
-            Event::Barrier(e) => {
-                r.records += e.records;
-                if e.partial {
-                    partial.push(e);
-                }
-                r.checkpoints.push(CheckpointSummary {
-                    id: e.id,
-                    records: e.records,
-                    bytes: e.bytes,
-                    timestamp_ms: e.timestamp_ms,
-                    committed: r.committed.is_some_and(|c| e.id <= c),
-                    voided: false,
-                    metadata: e.metadata.to_vec(),
-                });
-            }
-            Event::Restore { restored_to } => {
-                for c in r.checkpoints.iter_mut().filter(|c| !c.committed) {
-                    if restored_to.is_none_or(|t| c.id > t) {
-                        c.voided = true;
-                    }
-                }
-            }
+        let Event::Barrier(e) = ev else { continue };
+        r.records += e.records;
+        if e.partial {
+            partial.push(e);
         }
+        r.checkpoints.push(CheckpointSummary {
+            id: e.id,
+            records: e.records,
+            bytes: e.bytes,
+            timestamp_ms: e.timestamp_ms,
+            committed: r.committed.is_some_and(|c| e.id <= c),
+            voided: voided.contains(&e.id),
+            metadata: e.metadata.to_vec(),
+        });
     }
     for e in partial {
         let live = r
@@ -274,21 +265,7 @@ pub fn dump(
     let sink_id: std::sync::Arc<str> = sink_id.into();
     let committed = LocalCommitStore::read(storage).unwrap_or(None);
     let scan = recovery::scan(storage)?;
-    // Which barriers a later restore voided.
-    let mut voided = std::collections::HashSet::new();
-    let mut seen: Vec<u64> = Vec::new();
-    for ev in &scan.events {
-        match ev {
-            Event::Barrier(e) => seen.push(e.id),
-            Event::Restore { restored_to } => {
-                for id in &seen {
-                    if restored_to.is_none_or(|t| *id > t) && committed.is_none_or(|c| *id > c) {
-                        voided.insert(*id);
-                    }
-                }
-            }
-        }
-    }
+    let voided = scan.voided(committed);
     let pool = reader::BufferPool::default();
     for ev in &scan.events {
         let Event::Barrier(e) = ev else { continue };

@@ -336,10 +336,7 @@ impl WalSink {
             };
             sh.write_frame(&mut w, FrameKind::Restore, &[&restore.encode()])?;
             w.unsynced.retain(|e| id.is_some_and(|t| e.id <= t));
-            w.open_start = None;
-            w.open_records = 0;
-            w.open_bytes = 0;
-            sh.open_bytes.store(0, Ordering::Relaxed);
+            sh.reset_open(&mut w);
             let mut cat = sh.cat.lock();
             cat.restore(id);
             sh.cat_cv.notify_all();
@@ -571,11 +568,16 @@ impl Shared {
         };
         w.unsynced.push(info);
         w.min_next_id = id.saturating_add(1);
+        self.reset_open(w);
+        Ok(())
+    }
+
+    /// The open epoch is sealed or voided: a new, empty one begins.
+    fn reset_open(&self, w: &mut Writer) {
         w.open_start = None;
         w.open_records = 0;
         w.open_bytes = 0;
         self.open_bytes.store(0, Ordering::Relaxed);
-        Ok(())
     }
 
     fn poison(&self, w: &mut Writer, context: impl Into<String>, e: std::io::Error) -> Error {

@@ -103,8 +103,10 @@ pub(crate) struct Catalog {
     /// When each epoch of the deliverable prefix of `epochs` became deliverable; element `i`
     /// belongs to `epochs[i]`.
     pub deliverable_since: VecDeque<(u64, std::time::Instant)>,
-    /// Position of the newest barrier: kept so its metadata (a source offset) survives GC.
-    pub last_barrier: Option<Position>,
+    /// Position of the barrier of the highest committed checkpoint. Clean-up keeps it: every
+    /// uncommitted barrier can still be voided by a restore, and then this one is the newest
+    /// that survives, with the metadata (a source offset) an embedder resumes from.
+    pub committed_barrier: Option<Position>,
     /// Live segment sequence numbers, ascending.
     pub segments: VecDeque<u64>,
     /// Recycled segments waiting for reuse.
@@ -120,7 +122,6 @@ impl Catalog {
     pub fn seal(&mut self, e: EpochInfo) {
         debug_assert!(self.epochs.back().is_none_or(|b| b.id < e.id));
         debug_assert!(self.committed.is_none_or(|c| c < e.id));
-        self.last_barrier = Some(e.barrier);
         self.backlog += e.bytes;
         self.epochs.push_back(e);
         self.note_deliverable();
@@ -174,6 +175,7 @@ impl Catalog {
         while self.epochs.front().is_some_and(|e| e.id <= id) {
             if let Some(e) = self.epochs.pop_front() {
                 self.backlog -= e.bytes;
+                self.committed_barrier = Some(e.barrier);
             }
         }
         let mut latency = None;

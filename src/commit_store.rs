@@ -23,6 +23,17 @@ pub trait CommitStore: Send {
     fn last_committed(&mut self, sink_id: &str, subtask: u32) -> Result<Option<u64>>;
     /// Records that every checkpoint `<= checkpoint` of `(sink_id, subtask)` is committed.
     fn mark_committed(&mut self, sink_id: &str, subtask: u32, checkpoint: u64) -> Result<()>;
+
+    /// Whether marks are still there after a restart. Default true.
+    ///
+    /// A store that forgets (such as [`MemoryCommitStore`]) returns false. walsink then keeps
+    /// its own durable floor in the log directory (the `COMMITTED` file of
+    /// [`LocalCommitStore`]) and raises it before it frees any segment, because after a
+    /// restart only what is durable can tell a committed epoch whose segments were freed from
+    /// a pending one that lost its data.
+    fn survives_restart(&self) -> bool {
+        true
+    }
 }
 
 /// The default commit store: a small checksummed file `COMMITTED` in the log directory,
@@ -111,6 +122,10 @@ impl CommitStore for LocalCommitStore {
 
 /// A commit store that keeps marks in memory only, for tests and for sinks that store their
 /// own marker. Clones share the marks.
+///
+/// Marks are gone after a restart ([`CommitStore::survives_restart`] is false): walsink then
+/// keeps a durable floor of its own before it frees segments, and a sink that stores its
+/// marker answers for the epochs above it, so delivery stays exactly-once.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryCommitStore {
     marks: Arc<parking_lot::Mutex<std::collections::HashMap<(String, u32), u64>>>,
@@ -139,6 +154,10 @@ impl CommitStore for MemoryCommitStore {
             .or_insert(checkpoint);
         *e = (*e).max(checkpoint);
         Ok(())
+    }
+
+    fn survives_restart(&self) -> bool {
+        false
     }
 }
 

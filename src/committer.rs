@@ -53,7 +53,8 @@ fn failpoint(_name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Delivery progress that survives between steps: epochs delivered but not yet marked.
+/// Delivery progress that survives between steps and between deliverers (it lives in the
+/// log's shared state): epochs delivered but not yet marked.
 #[derive(Debug, Default)]
 pub(crate) struct Delivery {
     delivered: Option<u64>,
@@ -90,6 +91,8 @@ impl Shared {
             if latency.is_some() {
                 cat.health.last_commit_latency = latency;
             }
+            cat.health.retries = 0;
+            cat.health.last_error = None;
             self.cat_cv.notify_all();
         }
         failpoint("committer::mark::after")?;
@@ -149,6 +152,15 @@ impl Shared {
         Ok(Step::Done(e.id))
     }
 
+    /// Marks the epochs delivered but not yet marked, if any: before a deliverer stops or
+    /// returns an error, so that nothing but a crash sends an epoch twice.
+    fn flush_marks(&self, d: &mut Delivery) -> Result<()> {
+        match d.delivered {
+            Some(done) if d.unmarked > 0 => self.mark(d, done),
+            _ => Ok(()),
+        }
+    }
+
     fn note_error(&self, e: &Error, attempt: u32) {
         let mut cat = self.cat.lock();
         cat.health.errors += 1;
@@ -169,7 +181,7 @@ impl WalSink {
                 "a committer thread is delivering this log; shut it down before delivering by hand",
             )
         })?;
-        let mut d = Delivery::default();
+        let mut d = sh.delivery.lock();
         let mut n = 0;
         loop {
             match sh.step(&mut d, sink) {
@@ -177,6 +189,9 @@ impl WalSink {
                 Ok(Step::Idle) => return Ok(n),
                 Err(e) => {
                     sh.note_error(&e, 1);
+                    // What succeeded before the error is marked now (the next call retries
+                    // only the failed epoch); if marking fails too, the next call marks first.
+                    let _ = sh.flush_marks(&mut d);
                     return Err(e);
                 }
             }
@@ -209,12 +224,18 @@ impl WalSink {
 
     /// Waits until checkpoint `id` is committed, or `timeout` passes. Returns whether it is.
     pub fn wait_committed(&self, id: u64, timeout: Duration) -> bool {
-        let deadline = std::time::Instant::now() + timeout;
+        // A timeout too large for the clock (`Duration::MAX`) waits without a deadline.
+        let deadline = std::time::Instant::now().checked_add(timeout);
         let sh = &*self.shared;
         let mut cat = sh.cat.lock();
         while cat.committed.is_none_or(|c| c < id) {
-            if sh.cat_cv.wait_until(&mut cat, deadline).timed_out() {
-                return cat.committed.is_some_and(|c| c >= id);
+            match deadline {
+                Some(deadline) => {
+                    if sh.cat_cv.wait_until(&mut cat, deadline).timed_out() {
+                        return cat.committed.is_some_and(|c| c >= id);
+                    }
+                }
+                None => sh.cat_cv.wait(&mut cat),
             }
         }
         true
@@ -241,7 +262,7 @@ impl Drop for Claim {
 }
 
 fn run<S: Sink>(shared: Arc<Shared>, mut sink: S, stop: Arc<AtomicBool>) {
-    let mut d = Delivery::default();
+    let mut d = std::mem::take(&mut *shared.delivery.lock());
     let mut attempt = 0u32;
     let mut rng = fastrand::Rng::new();
     while !stop.load(Ordering::Acquire) {
@@ -274,6 +295,11 @@ fn run<S: Sink>(shared: Arc<Shared>, mut sink: S, stop: Arc<AtomicBool>) {
             }
         }
     }
+    // A graceful stop marks what was delivered; if that fails, the next deliverer marks it.
+    if let Err(e) = shared.flush_marks(&mut d) {
+        shared.note_error(&e, attempt.saturating_add(1));
+    }
+    *shared.delivery.lock() = d;
 }
 
 /// A running committer thread. Dropping it stops the thread (after the epoch in progress).
@@ -293,7 +319,8 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Committer {
-    /// Stops the thread after the epoch in progress and waits for it.
+    /// Stops the thread after the epoch in progress, marks every epoch it delivered as
+    /// committed, and waits for it. Nothing it delivered is sent again without a crash.
     pub fn shutdown(mut self) {
         self.stop_and_join();
     }

@@ -71,8 +71,9 @@ pub enum ErrorKind {
     InvalidCheckpoint {
         /// The id passed by the caller.
         id: u64,
-        /// The smallest id that would have been accepted.
-        min_allowed: u64,
+        /// The smallest id that would have been accepted; `None` once checkpoint `u64::MAX`
+        /// exists and no larger id is left.
+        min_allowed: Option<u64>,
     },
     /// The directory belongs to another sink id or subtask than the one given to `open`.
     IdentityMismatch {
@@ -319,9 +320,20 @@ impl fmt::Display for Error {
                 f,
                 "{dir} is locked by another walsink handle or process; close it first"
             ),
-            ErrorKind::InvalidCheckpoint { id, min_allowed } => write!(
+            ErrorKind::InvalidCheckpoint {
+                id,
+                min_allowed: Some(min),
+            } => write!(
                 f,
-                "checkpoint id {id} is not allowed here: ids must strictly increase (next allowed: {min_allowed})"
+                "checkpoint id {id} is not allowed here: ids must strictly increase (next allowed: {min})"
+            ),
+            ErrorKind::InvalidCheckpoint {
+                id,
+                min_allowed: None,
+            } => write!(
+                f,
+                "checkpoint id {id} is not allowed here: ids must strictly increase, and checkpoint {} already exists, so no id is left; start a new log",
+                u64::MAX
             ),
             ErrorKind::IdentityMismatch { stored, given } => write!(
                 f,

@@ -36,6 +36,8 @@ pub(crate) struct ScannedEpoch {
     pub barrier: Position,
     /// Fewer data frames than the barrier claims were found (the front was removed).
     pub partial: bool,
+    /// Data frames found for the epoch (equal to `records` unless `partial`).
+    pub found: u64,
 }
 
 impl ScannedEpoch {
@@ -288,6 +290,7 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                         start: epoch_start.unwrap_or(pos),
                         barrier: pos,
                         partial: b.records != records,
+                        found: records,
                     }));
                     (records, bytes, epoch_start, first_epoch) = (0, 0, None, false);
                     scan.tail_frame_bytes = 0;

@@ -52,7 +52,8 @@ pub struct RecoveryReport {
 pub(crate) struct Recovered {
     pub cat: Catalog,
     pub report: RecoveryReport,
-    pub min_next_id: u64,
+    /// Smallest id the next checkpoint may use; `None` when checkpoint `u64::MAX` exists.
+    pub min_next_id: Option<u64>,
     /// Sequence number of the segment new frames go to.
     pub next_seq: u64,
     /// Segments kept, ascending.
@@ -123,17 +124,30 @@ fn decide(scan: &Scan, mode: RecoveryMode, committed: Option<u64>) -> Result<Rec
     Ok(report)
 }
 
-/// Rebuilds the catalog from the control frames; returns it and the smallest allowed next id.
+/// Rebuilds the catalog from the control frames; returns it and the smallest allowed next id
+/// (`None` once checkpoint `u64::MAX` exists: no id is left).
 fn rebuild_catalog(
     scan: &Scan,
     committed: Option<u64>,
     mode: Mode,
     report: &mut RecoveryReport,
-) -> Result<(Catalog, u64)> {
-    // Rebuild the catalog from the control frames of the valid prefix.
+) -> Result<(Catalog, Option<u64>)> {
     let mut cat = Catalog::default();
-    let mut min_next_id = committed.map_or(0, |c| c + 1);
-    let mut barriers: Vec<(u64, Vec<u8>)> = Vec::new();
+    cat.committed = committed;
+    // Ids are never reused: not committed ones, not any barrier seen, not even the ones a
+    // lenient recovery dropped (a target keeping its own marker may hold them).
+    let mut next_id = Some(0u64);
+    let mut at_least = |id: u64| {
+        next_id = next_id.and_then(|n| Some(n.max(id.checked_add(1)?)));
+    };
+    if let Some(c) = committed {
+        at_least(c);
+    }
+    for &id in &scan.barriers_after_damage {
+        at_least(id);
+    }
+    // Surviving barriers (not voided by a later restore), with their metadata and position.
+    let mut barriers: Vec<(u64, Vec<u8>, crate::format::Position)> = Vec::new();
     let mut partial = Vec::new();
     for ev in &scan.events {
         match ev {
@@ -141,15 +155,14 @@ fn rebuild_catalog(
                 if e.partial {
                     partial.push(e);
                 }
-                min_next_id = min_next_id.max(e.id.saturating_add(1));
-                barriers.push((e.id, e.metadata.to_vec()));
-                cat.last_barrier = Some(e.barrier);
+                at_least(e.id);
+                barriers.push((e.id, e.metadata.to_vec(), e.barrier));
                 if committed.is_none_or(|c| e.id > c) {
                     cat.seal(e.info());
                 }
             }
             Event::Restore { restored_to } => {
-                barriers.retain(|(id, _)| {
+                barriers.retain(|(id, _, _)| {
                     restored_to.is_some_and(|t| *id <= t) || committed.is_some_and(|c| *id <= c)
                 });
                 let completed = cat.completed;
@@ -167,7 +180,7 @@ fn rebuild_catalog(
         let reason = CorruptionReason::IncompleteEpoch {
             checkpoint: e.id,
             expected: e.records,
-            found: 0,
+            found: e.found,
         };
         return Err(Error::corruption(
             format::segment_name(e.barrier.seq),
@@ -175,7 +188,12 @@ fn rebuild_catalog(
             reason,
         ));
     }
-    if let Some((id, meta)) = barriers.pop() {
+    cat.committed_barrier = barriers
+        .iter()
+        .rev()
+        .find(|(id, _, _)| committed.is_some_and(|c| *id <= c))
+        .map(|(_, _, pos)| *pos);
+    if let Some((id, meta, _)) = barriers.pop() {
         report.last_checkpoint = Some(id);
         report.last_metadata = Some(meta);
     }
@@ -185,7 +203,7 @@ fn rebuild_catalog(
         }
     }
 
-    Ok((cat, min_next_id))
+    Ok((cat, next_id))
 }
 
 /// Cuts at the end of the last control frame, drops (or, after corruption, sets aside) what

@@ -24,13 +24,17 @@ pub(crate) struct Writer {
     pub synced: Position,
     sync_in_flight: bool,
     poisoned: Option<String>,
-    min_next_id: u64,
+    /// Smallest id the next checkpoint may use; `None` once checkpoint `u64::MAX` exists.
+    min_next_id: Option<u64>,
     open_records: u64,
     open_bytes: u64,
     /// Position of the open epoch's first frame.
     pub open_start: Option<Position>,
     /// Barriers written but not yet covered by a sync, in log order.
     pub unsynced: Vec<EpochInfo>,
+    /// While a restore frame is not durable (until `synced` passes `.1`), the epochs it voided
+    /// can come back after a power loss: nothing at or after `.0` may be freed.
+    restore_guard: Option<(Position, Position)>,
     salt_rng: fastrand::Rng,
 }
 
@@ -43,6 +47,12 @@ pub(crate) struct Shared {
     pub cat: Mutex<Catalog>,
     pub cat_cv: Condvar,
     pub store: Mutex<Box<dyn CommitStore>>,
+    /// When `store` forgets across restarts: the durable floor raised before segments are
+    /// freed (see [`CommitStore::survives_restart`]).
+    floor: Option<Mutex<LocalCommitStore>>,
+    /// Epochs delivered but not yet marked, kept between `deliver_ready` calls and committer
+    /// runs so that only a crash can make an epoch go out twice.
+    pub delivery: Mutex<crate::committer::Delivery>,
     /// Set while someone delivers (a committer thread or `deliver_ready`): one at a time.
     pub delivering: std::sync::atomic::AtomicBool,
     open_bytes: AtomicU64,
@@ -120,7 +130,15 @@ impl WalSink {
         options.sanitize()?;
         let lock = take_lock(&*storage)?;
         check_identity(&*storage, &options)?;
-        let committed = store.last_committed(&options.sink_id, options.subtask)?;
+        let mut committed = store.last_committed(&options.sink_id, options.subtask)?;
+        let floor = if store.survives_restart() {
+            None
+        } else {
+            let mut floor =
+                LocalCommitStore::new(storage.clone(), &options.sink_id, options.subtask);
+            committed = committed.max(floor.last_committed(&options.sink_id, options.subtask)?);
+            Some(Mutex::new(floor))
+        };
         let Recovered {
             mut cat,
             mut report,
@@ -173,7 +191,7 @@ impl WalSink {
         report.segments = cat.segments.len();
         report.pending = cat.epochs.iter().map(|e| e.id).collect();
         report.pending_records = cat.epochs.iter().map(|e| e.records).sum();
-        report.next_checkpoint_id = min_next_id;
+        report.next_checkpoint_id = min_next_id.unwrap_or(u64::MAX);
 
         let writer = Writer {
             seg,
@@ -188,6 +206,7 @@ impl WalSink {
             open_bytes: 0,
             open_start: None,
             unsynced: Vec::new(),
+            restore_guard: None,
             salt_rng,
         };
         let sink_id: Arc<str> = options.sink_id.as_str().into();
@@ -200,6 +219,8 @@ impl WalSink {
             cat: Mutex::new(cat),
             cat_cv: Condvar::new(),
             store: Mutex::new(store),
+            floor,
+            delivery: Mutex::new(Default::default()),
             delivering: std::sync::atomic::AtomicBool::new(false),
             open_bytes: AtomicU64::new(0),
             read_pool: Default::default(),
@@ -335,12 +356,30 @@ impl WalSink {
                 durable_through: w.synced,
             };
             sh.write_frame(&mut w, FrameKind::Restore, &[&restore.encode()])?;
-            w.unsynced.retain(|e| id.is_some_and(|t| e.id <= t));
-            sh.reset_open(&mut w);
+            let end = w.seg.position();
+            let voided = |e: &EpochInfo| id.is_none_or(|t| e.id > t);
             let mut cat = sh.cat.lock();
+            // Until the frame is durable a power loss brings the voided epochs back, so
+            // clean-up must keep them whole (`oldest_needed`).
+            let floor = cat
+                .epochs
+                .iter()
+                .chain(w.unsynced.iter())
+                .filter(|e| voided(e))
+                .map(|e| e.start)
+                .chain(w.open_start)
+                .min();
+            if let Some(floor) = floor {
+                w.restore_guard = Some(match w.restore_guard {
+                    Some((f, e)) => (f.min(floor), e.max(end)),
+                    None => (floor, end),
+                });
+            }
+            w.unsynced.retain(|e| !voided(e));
+            sh.reset_open(&mut w);
             cat.restore(id);
             sh.cat_cv.notify_all();
-            w.seg.position()
+            end
         };
         sh.sync_to(target)
     }
@@ -542,7 +581,7 @@ impl Shared {
         id: u64,
         metadata: &[u8],
     ) -> Result<()> {
-        if id < w.min_next_id {
+        if w.min_next_id.is_none_or(|min| id < min) {
             return Err(ErrorKind::InvalidCheckpoint {
                 id,
                 min_allowed: w.min_next_id,
@@ -567,7 +606,7 @@ impl Shared {
             barrier: pos,
         };
         w.unsynced.push(info);
-        w.min_next_id = id.saturating_add(1);
+        w.min_next_id = id.checked_add(1);
         self.reset_open(w);
         Ok(())
     }
@@ -602,8 +641,14 @@ impl Shared {
                 continue;
             }
             if self.opts.mode == Mode::Durable && w.open_records > 0 {
-                let id = w.min_next_id.max(1);
-                self.write_barrier(&mut w, id, &[])?;
+                let Some(id) = w.min_next_id else {
+                    return Err(ErrorKind::InvalidCheckpoint {
+                        id: u64::MAX,
+                        min_allowed: None,
+                    }
+                    .into());
+                };
+                self.write_barrier(&mut w, id.max(1), &[])?;
             }
             let set = match w.seg.take_sync_set() {
                 Ok(s) => s,
@@ -640,18 +685,26 @@ impl Shared {
     }
 
     /// Position below which no live frame remains: the start of the oldest uncommitted epoch,
-    /// the open epoch, or the newest barrier (kept for its metadata), whichever is first.
+    /// the open epoch, the epochs voided by a restore that is not durable yet, or the barrier
+    /// of the highest committed checkpoint (kept for its metadata), whichever is first.
     pub(crate) fn oldest_needed(&self) -> Position {
-        let w = self.w.lock();
+        let mut w = self.w.lock();
         let mut oldest = w.open_start.unwrap_or_else(|| w.seg.position());
         if let Some(e) = w.unsynced.first() {
             oldest = oldest.min(e.start);
+        }
+        if let Some((floor, end)) = w.restore_guard {
+            if w.synced >= end {
+                w.restore_guard = None;
+            } else {
+                oldest = oldest.min(floor);
+            }
         }
         let cat = self.cat.lock();
         if let Some(e) = cat.epochs.front() {
             oldest = oldest.min(e.start);
         }
-        if let Some(b) = cat.last_barrier {
+        if let Some(b) = cat.committed_barrier {
             oldest = oldest.min(b);
         }
         oldest
@@ -662,6 +715,7 @@ impl Shared {
     /// Called only after the commit store durably covers every epoch in them.
     pub(crate) fn collect_garbage(&self) -> Result<()> {
         let oldest = self.oldest_needed();
+        let mut floor_raised = false;
         loop {
             let (seq, recycle) = {
                 let cat = self.cat.lock();
@@ -673,6 +727,15 @@ impl Shared {
                     _ => return Ok(()),
                 }
             };
+            if let (Some(floor), false) = (&self.floor, floor_raised) {
+                let committed = self.cat.lock().committed;
+                if let Some(c) = committed {
+                    floor
+                        .lock()
+                        .mark_committed(&self.sink_id, self.opts.subtask, c)?;
+                }
+                floor_raised = true;
+            }
             let name = format::segment_name(seq);
             let res = if recycle {
                 self.storage.rename(&name, &format::free_name(seq))

@@ -179,7 +179,11 @@ fn run_with_flaky_store(sink: &mut MemorySink, fail_reads: u32, fail_marks: u32)
             errors += 1;
         }
     }
-    assert_eq!(errors, fail_reads + fail_marks);
+    // Every injected failure was hit and surfaced; a failed mark is retried once before
+    // `deliver_ready` returns, so two mark failures may show as one error.
+    assert_eq!((*store.fail_reads.lock(), *store.fail_marks.lock()), (0, 0));
+    assert!(errors >= fail_reads + fail_marks.div_ceil(2), "{errors}");
+    assert!(errors <= fail_reads + fail_marks, "{errors}");
     assert_eq!(wal.health().committed, Some(2));
     assert!(wal.health().errors >= errors as u64);
 }
@@ -306,7 +310,7 @@ fn checkpoint_ids_must_strictly_increase() {
     for bad in [5, 4, 0] {
         match wal.checkpoint(bad, b"").unwrap_err().kind() {
             ErrorKind::InvalidCheckpoint { id, min_allowed } => {
-                assert_eq!((*id, *min_allowed), (bad, 6))
+                assert_eq!((*id, *min_allowed), (bad, Some(6)))
             }
             other => panic!("{other:?}"),
         }

@@ -1,0 +1,288 @@
+//! Delivery bookkeeping between the log, the commit store and the sink: what is known after a
+//! reopen, what a graceful shutdown or a retried `deliver_ready` may send again (nothing: only
+//! a crash may cause redelivery), what health shows after a recovered error, what may be freed
+//! while a restore is not yet durable, and what a commit store that forgets across restarts
+//! still lets the log recover.
+
+mod common;
+use common::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use walsink::storage::{CrashOptions, FaultOp, SimStorage};
+use walsink::{
+    CommitStore, Epoch, Error, MemoryCommitStore, MemorySink, Result, Sink, SinkError, WalSink,
+};
+
+/// Records the checkpoints it receives; fails the first delivery of `fail_on` once; may block
+/// inside `deliver` until released.
+#[derive(Clone, Default)]
+struct ScriptedSink {
+    got: Arc<parking_lot::Mutex<Vec<u64>>>,
+    fail_on: Option<u64>,
+    failed: Arc<AtomicBool>,
+    /// (entered, release): `deliver` raises `entered` and waits for `release`.
+    gate: Option<Arc<(AtomicBool, AtomicBool)>>,
+}
+
+impl Sink for ScriptedSink {
+    fn deliver(&mut self, epoch: &Epoch) -> std::result::Result<(), SinkError> {
+        if let Some(g) = &self.gate {
+            g.0.store(true, Ordering::SeqCst);
+            while !g.1.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        if self.fail_on == Some(epoch.checkpoint()) && !self.failed.swap(true, Ordering::SeqCst) {
+            return Err(SinkError::retryable("injected failure"));
+        }
+        self.got.lock().push(epoch.checkpoint());
+        Ok(())
+    }
+}
+
+fn seal(wal: &WalSink, cp: u64) {
+    append_values(wal, cp as u32 * 10, cp as u32 * 10 + 4);
+    wal.checkpoint(cp, format!("m{cp}").as_bytes()).unwrap();
+}
+
+#[test]
+fn the_stored_commit_mark_is_known_after_reopen() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, opts("known"));
+    seal(&wal, 1);
+    complete_and_deliver(&wal, 1);
+    drop(wal);
+    let (wal, report) = WalSink::open_with_storage(Arc::new(sim.clone()), opts("known")).unwrap();
+    assert_eq!(report.committed, Some(1));
+    assert_eq!(wal.health().committed, Some(1));
+    assert!(wal.wait_committed(1, Duration::ZERO));
+    assert!(!wal.wait_committed(2, Duration::ZERO));
+}
+
+#[test]
+fn wait_committed_accepts_an_unbounded_timeout() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, opts("forever"));
+    seal(&wal, 1);
+    complete_and_deliver(&wal, 1);
+    assert!(wal.wait_committed(1, Duration::MAX));
+}
+
+#[test]
+fn graceful_shutdown_marks_the_epoch_it_delivered() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, opts("shutdown").mark_every(8));
+    seal(&wal, 1);
+    let gate = Arc::new((AtomicBool::new(false), AtomicBool::new(false)));
+    let sink = ScriptedSink {
+        gate: Some(gate.clone()),
+        ..Default::default()
+    };
+    let committer = wal.spawn_committer(sink.clone()).unwrap();
+    wal.checkpoint_complete(1).unwrap();
+    while !gate.0.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Shut down while the sink is inside `deliver`; release it a moment later.
+    let releaser = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            gate.1.store(true, Ordering::SeqCst);
+        })
+    };
+    committer.shutdown();
+    releaser.join().unwrap();
+    assert_eq!(*sink.got.lock(), vec![1]);
+    assert_eq!(wal.health().committed, Some(1));
+    // A later delivery, to a target without its own marker, must not get epoch 1 again.
+    let mut again = MemorySink::new();
+    assert_eq!(wal.deliver_ready(&mut again).unwrap(), 0);
+    assert!(again.checkpoints().is_empty());
+}
+
+#[test]
+fn a_retried_deliver_ready_does_not_resend_epochs_that_succeeded() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, opts("retry").mark_every(8));
+    for cp in 1..=3 {
+        seal(&wal, cp);
+    }
+    wal.checkpoint_complete(3).unwrap();
+    let mut sink = ScriptedSink {
+        fail_on: Some(3),
+        ..Default::default()
+    };
+    assert!(wal.deliver_ready(&mut sink).is_err());
+    wal.deliver_ready(&mut sink).unwrap();
+    assert_eq!(*sink.got.lock(), vec![1, 2, 3]);
+    assert_eq!(wal.health().committed, Some(3));
+}
+
+/// A commit store whose marks fail while `fail_marks` is above zero.
+#[derive(Clone, Default)]
+struct FlakyStore {
+    inner: MemoryCommitStore,
+    fail_marks: Arc<parking_lot::Mutex<u32>>,
+}
+
+impl CommitStore for FlakyStore {
+    fn last_committed(&mut self, sink_id: &str, subtask: u32) -> Result<Option<u64>> {
+        self.inner.last_committed(sink_id, subtask)
+    }
+    fn mark_committed(&mut self, sink_id: &str, subtask: u32, checkpoint: u64) -> Result<()> {
+        let mut n = self.fail_marks.lock();
+        if *n > 0 {
+            *n -= 1;
+            return Err(Error::commit_store("mark", "injected mark failure"));
+        }
+        self.inner.mark_committed(sink_id, subtask, checkpoint)
+    }
+}
+
+#[test]
+fn health_clears_the_last_error_after_a_recovered_mark_failure() {
+    for threaded in [false, true] {
+        let sim = SimStorage::new();
+        let store = FlakyStore::default();
+        // The first mark and the flush after it fail: the error stays until a later success.
+        *store.fail_marks.lock() = 2;
+        let (wal, _) =
+            WalSink::open_with(Arc::new(sim.clone()), opts("health"), Box::new(store)).unwrap();
+        seal(&wal, 1);
+        wal.checkpoint_complete(1).unwrap();
+        let sink = MemorySink::with_marker();
+        if threaded {
+            let c = wal.spawn_committer(sink.clone()).unwrap();
+            assert!(wal.wait_committed(1, Duration::from_secs(10)));
+            c.shutdown();
+        } else {
+            let mut s = sink.clone();
+            assert!(wal.deliver_ready(&mut s).is_err());
+            assert!(wal.health().last_error.is_some());
+            wal.deliver_ready(&mut s).unwrap();
+        }
+        let h = wal.health();
+        assert_eq!(h.committed, Some(1), "threaded={threaded}");
+        assert_eq!(h.last_error, None, "threaded={threaded}");
+        assert_eq!(h.retries, 0, "threaded={threaded}");
+        assert!(h.errors >= 1);
+        assert_eq!(sink.checkpoints(), vec![1]);
+    }
+}
+
+#[test]
+fn the_largest_checkpoint_id_is_accepted_once() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, opts("max"));
+    append_values(&wal, 1, 3);
+    wal.checkpoint(u64::MAX, b"a").unwrap();
+    append_values(&wal, 4, 6);
+    assert!(wal.checkpoint(u64::MAX, b"b").is_err());
+    drop(wal);
+    // Also after a reopen: the id space is used up, and nothing is lost silently.
+    let (wal, report) = WalSink::open_with_storage(Arc::new(sim.clone()), opts("max")).unwrap();
+    assert_eq!(report.pending, vec![u64::MAX]);
+    append_values(&wal, 7, 9);
+    assert!(wal.checkpoint(u64::MAX, b"c").is_err());
+    assert_eq!(complete_and_deliver(&wal, u64::MAX), values(1, 3));
+    drop(wal);
+    let (wal, report) = WalSink::open_with_storage(Arc::new(sim.clone()), opts("max")).unwrap();
+    assert_eq!(report.committed, Some(u64::MAX));
+    assert!(wal.checkpoint(u64::MAX, b"d").is_err());
+}
+
+/// Two epochs over 4 KiB segments, so that epoch 2 starts in a segment before its barrier's.
+fn two_epochs_over_segments(wal: &WalSink) {
+    for cp in 1..=2u32 {
+        for v in values(cp * 1000, cp * 1000 + 29) {
+            let mut r = v;
+            r.resize(200, b'x');
+            wal.append(&r).unwrap();
+        }
+        wal.checkpoint(cp as u64, format!("m{cp}").as_bytes())
+            .unwrap();
+    }
+}
+
+#[test]
+fn nothing_is_freed_on_the_strength_of_a_restore_that_is_not_durable() {
+    let sim = SimStorage::new();
+    let o = opts("restore-race")
+        .segment_size(4096)
+        .max_record_size(1024);
+    let wal = open_sim(&sim, o.clone());
+    two_epochs_over_segments(&wal);
+    // The restore's fdatasync fails: the log is poisoned and the restore frame is not durable.
+    sim.inject_fault(FaultOp::SyncData, 0, std::io::ErrorKind::Other);
+    assert!(wal.restore(Some(1)).is_err());
+    // Delivery of the committed-to-be epoch 1 goes on and cleans up.
+    let mut sink = MemorySink::new();
+    let _ = wal.deliver_ready(&mut sink);
+    drop(wal);
+    sim.crash(CrashOptions {
+        seed: 1,
+        lose_all_unsynced: true,
+        process_only: false,
+    });
+    // The restore frame is lost, epoch 2 is back whole: the log must open, in every mode.
+    let (wal, report) = WalSink::open_with_storage(Arc::new(sim.clone()), o).unwrap();
+    assert!(report.pending.contains(&2), "{report:?}");
+    wal.restore(Some(1)).unwrap();
+}
+
+#[test]
+fn a_restore_keeps_the_barrier_it_restored_to() {
+    let sim = SimStorage::new();
+    let o = opts("restore-meta")
+        .segment_size(4096)
+        .max_record_size(1024);
+    let wal = open_sim(&sim, o.clone());
+    seal(&wal, 1);
+    drop(wal);
+    // After a reopen, epoch 2 starts in a later segment than barrier 1.
+    let wal = open_sim(&sim, o.clone());
+    seal(&wal, 2);
+    complete_and_deliver(&wal, 1);
+    wal.restore(Some(1)).unwrap();
+    let mut sink = MemorySink::new();
+    wal.deliver_ready(&mut sink).unwrap();
+    drop(wal);
+    let (_wal, report) = WalSink::open_with_storage(Arc::new(sim.clone()), o).unwrap();
+    assert_eq!(report.committed, Some(1));
+    assert_eq!(report.last_checkpoint, Some(1), "{report:?}");
+    assert_eq!(report.last_metadata.as_deref(), Some(&b"m1"[..]));
+}
+
+#[test]
+fn a_memory_commit_store_with_a_marker_sink_reopens_after_a_clean_restart() {
+    let sim = SimStorage::new();
+    let o = opts("memstore").segment_size(4096).max_record_size(1024);
+    let sink = MemorySink::with_marker();
+    for round in 0..3u32 {
+        let (wal, report) = WalSink::open_with(
+            Arc::new(sim.clone()),
+            o.clone(),
+            Box::new(MemoryCommitStore::new()),
+        )
+        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let base = report.next_checkpoint_id;
+        for cp in base..base + 3 {
+            for v in values(cp as u32 * 100, cp as u32 * 100 + 19) {
+                let mut r = v;
+                r.resize(150, b'y');
+                wal.append(&r).unwrap();
+            }
+            wal.checkpoint(cp, b"").unwrap();
+        }
+        wal.checkpoint_complete(base + 2).unwrap();
+        let mut s = sink.clone();
+        wal.deliver_ready(&mut s).unwrap();
+    }
+    let got = sink.checkpoints();
+    let mut dedup = got.clone();
+    dedup.dedup();
+    assert_eq!(got, dedup, "an epoch was delivered twice");
+    assert_eq!(got.len(), 9);
+}

@@ -174,6 +174,20 @@ pub fn decode_segment_header(b: &[u8], expected_seq: u64) -> Result<Seed, Header
     })
 }
 
+/// The seed a damaged segment header may still hold: its sequence number and salt, read
+/// without checking magic, version or checksum, and only if the number matches the file's.
+/// Frames verified with it are genuine (their checksums cover both), so recovery can see what
+/// a segment with a damaged header held instead of taking it for never written.
+pub fn salvage_segment_seed(b: &[u8], expected_seq: u64) -> Option<Seed> {
+    if b.len() < SEGMENT_HEADER_LEN || le_u64(b, 16) != expected_seq {
+        return None;
+    }
+    Some(Seed {
+        seq: expected_seq,
+        salt: le_u64(b, 24),
+    })
+}
+
 fn header_crc(seed: Seed, offset: u64, rest: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(&seed.seq.to_le_bytes());

@@ -208,7 +208,19 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                 .into())
             }
             Err(HeaderError::Bad) if last && seg.zero_from(0)? => {
-                // Created but never written (or its first write was lost): a clean end.
+                // Created but never written (or its first write was lost). A clean end,
+                // unless the log rolled into it past its last control frame: then frames
+                // written after the roll may be lost (the segment itself may be), and the
+                // cut is reported as a torn tail rather than passed over in silence.
+                if i > 0 && !scan.cut_is_segment_end {
+                    set_damage(
+                        scan,
+                        Position { seq, offset: 0 },
+                        name,
+                        0,
+                        CorruptionReason::Unwritten,
+                    );
+                }
                 finish_tail(scan, records, bytes);
                 return Ok(());
             }
@@ -365,8 +377,9 @@ fn scan_after_damage(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
     };
     for &seq in scan.segments.iter().filter(|&&s| s >= pos.seq) {
         let mut seg = Window::open(storage, seq)?;
-        // Frames of a segment whose header is unreadable cannot be verified: skip it.
-        let Ok(seed) = seg.seed(seq) else {
+        // A damaged header may still hold the seed; frames that verify under it are genuine.
+        // Without one, the segment's frames cannot be verified: skip it.
+        let Some(seed) = seg.seed(seq).ok().or_else(|| seg.salvage_seed(seq)) else {
             continue;
         };
         let align = FRAME_ALIGN as u64;

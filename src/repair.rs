@@ -215,19 +215,28 @@ fn repair(storage: &dyn Storage, scan: &Scan, report: &mut RecoveryReport) -> Re
     let mut keep: Vec<u64> = scan.segments.clone();
     if !scan.segments.is_empty() {
         let cut = scan.cut;
-        let (kept, dropped): (Vec<u64>, Vec<u64>) =
-            scan.segments.iter().partition(|&&s| s <= cut.seq);
+        // A cut segment without a readable header (no control frame survived in the first
+        // segment) holds nothing to keep: it goes too. Kept, it would stand before the new
+        // segments with an unreadable header, and the next barrier's `durable_through` would
+        // turn that into corruption of synced data.
+        let headerless = scan.cut_seed.is_none();
+        let (kept, dropped): (Vec<u64>, Vec<u64>) = scan
+            .segments
+            .iter()
+            .partition(|&&s| s < cut.seq || (s == cut.seq && !headerless));
         keep = kept;
+        let mut names = AsideNames::new(storage)?;
         if lenient {
             let damaged_seq = scan.damage.as_ref().map(|(p, _)| p.seq);
-            if damaged_seq == Some(cut.seq) {
+            if damaged_seq == Some(cut.seq) && !headerless {
                 let name = format::segment_name(cut.seq);
-                copy_aside(storage, &name)?;
-                report.moved_aside.push(format!("{name}.damaged"));
+                let aside = names.next(&name);
+                copy_aside(storage, &name, &aside)?;
+                report.moved_aside.push(aside);
             }
             for s in &dropped {
                 let name = format::segment_name(*s);
-                let aside = format!("{name}.damaged");
+                let aside = names.next(&name);
                 storage
                     .rename(&name, &aside)
                     .map_err(|e| Error::io(format!("move {name} aside"), e))?;
@@ -249,16 +258,12 @@ fn repair(storage: &dyn Storage, scan: &Scan, report: &mut RecoveryReport) -> Re
                 .sync_dir()
                 .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
         }
-        let name = format::segment_name(cut.seq);
-        let file = storage
-            .open(&name)
-            .map_err(|e| Error::io(format!("open segment {name}"), e))?;
-        if !scan.cut_is_segment_end {
+        if let (false, Some(seed)) = (scan.cut_is_segment_end, scan.cut_seed) {
+            let name = format::segment_name(cut.seq);
+            let file = storage
+                .open(&name)
+                .map_err(|e| Error::io(format!("open segment {name}"), e))?;
             let mut frame = Vec::with_capacity(format::FRAME_HEADER_LEN * 2);
-            let seed = scan.cut_seed.unwrap_or(format::Seed {
-                seq: cut.seq,
-                salt: 0,
-            });
             format::encode_frame(&mut frame, seed, cut.offset, FrameKind::SegmentEnd, &[]);
             file.write_at(cut.offset, &frame).map_err(|e| {
                 Error::io(format!("close segment {name} at offset {}", cut.offset), e)
@@ -281,7 +286,31 @@ fn repair(storage: &dyn Storage, scan: &Scan, report: &mut RecoveryReport) -> Re
     Ok(keep)
 }
 
-fn copy_aside(storage: &dyn Storage, name: &str) -> Result<()> {
+/// Names for segments set aside: `NAME.damaged`, or `NAME.K.damaged` when an earlier recovery
+/// already used that name. Set-aside files are never overwritten (nor deleted).
+struct AsideNames(std::collections::HashSet<String>);
+
+impl AsideNames {
+    fn new(storage: &dyn Storage) -> Result<Self> {
+        let names = storage
+            .list()
+            .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
+        Ok(AsideNames(names.into_iter().collect()))
+    }
+
+    fn next(&mut self, name: &str) -> String {
+        let mut aside = format!("{name}.damaged");
+        let mut k = 1u64;
+        while self.0.contains(&aside) {
+            aside = format!("{name}.{k}.damaged");
+            k += 1;
+        }
+        self.0.insert(aside.clone());
+        aside
+    }
+}
+
+fn copy_aside(storage: &dyn Storage, name: &str, aside: &str) -> Result<()> {
     let src = storage
         .open(name)
         .map_err(|e| Error::io(format!("open {name}"), e))?;
@@ -289,9 +318,8 @@ fn copy_aside(storage: &dyn Storage, name: &str) -> Result<()> {
         .len()
         .and_then(|len| src.read_range(0, len as usize))
         .map_err(|e| Error::io(format!("read {name}"), e))?;
-    let aside = format!("{name}.damaged");
     let dst = storage
-        .create(&aside)
+        .create(aside)
         .map_err(|e| Error::io(format!("create {aside}"), e))?;
     dst.write_at(0, &data)
         .and_then(|_| dst.sync_data())

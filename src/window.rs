@@ -126,6 +126,12 @@ impl Window {
         format::decode_segment_header(&self.buf, seq)
     }
 
+    /// The seed a damaged header may still hold ([`format::salvage_segment_seed`]).
+    pub fn salvage_seed(&mut self, seq: u64) -> Option<format::Seed> {
+        self.ensure(0, format::SEGMENT_HEADER_LEN).ok()?;
+        format::salvage_segment_seed(&self.buf, seq)
+    }
+
     /// Decodes the frame at file offset `at`, reading more of the file when the frame may
     /// extend past the window.
     pub fn frame(

@@ -174,12 +174,13 @@ pub fn decode_segment_header(b: &[u8], expected_seq: u64) -> Result<Seed, Header
     })
 }
 
-/// The seed a damaged segment header may still hold: its sequence number and salt, read
-/// without checking magic, version or checksum, and only if the number matches the file's.
-/// Frames verified with it are genuine (their checksums cover both), so recovery can see what
-/// a segment with a damaged header held instead of taking it for never written.
+/// The seed a damaged segment header may still hold: the file's sequence number and the salt
+/// stored in the header, read without checking magic, version or checksum. Frames verified
+/// with it are genuine (their checksums cover both, and a stale header of a recycled file
+/// carries another salt), so recovery can see what a segment with a damaged header held
+/// instead of taking it for never written.
 pub fn salvage_segment_seed(b: &[u8], expected_seq: u64) -> Option<Seed> {
-    if b.len() < SEGMENT_HEADER_LEN || le_u64(b, 16) != expected_seq {
+    if b.len() < SEGMENT_HEADER_LEN {
         return None;
     }
     Some(Seed {

@@ -208,19 +208,18 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                 .into())
             }
             Err(HeaderError::Bad) if last && seg.zero_from(0)? => {
-                // Created but never written (or its first write was lost). A clean end,
-                // unless the log rolled into it past its last control frame: then frames
-                // written after the roll may be lost (the segment itself may be), and the
-                // cut is reported as a torn tail rather than passed over in silence.
-                if i > 0 && !scan.cut_is_segment_end {
-                    set_damage(
-                        scan,
-                        Position { seq, offset: 0 },
-                        name,
-                        0,
-                        CorruptionReason::Unwritten,
-                    );
-                }
+                // Created but its header never became durable (a roll or an open cut short
+                // by a power loss), or a segment whose contents were lost (even the only
+                // one, after clean-up freed the others). The two cannot be told apart, so
+                // the cut is reported as a torn tail, never passed over in silence. After a
+                // clean close or a process kill the header is in the file.
+                set_damage(
+                    scan,
+                    Position { seq, offset: 0 },
+                    name,
+                    0,
+                    CorruptionReason::Unwritten,
+                );
                 finish_tail(scan, records, bytes);
                 return Ok(());
             }

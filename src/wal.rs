@@ -155,7 +155,15 @@ impl WalSink {
             None => fastrand::Rng::new(),
         };
         let source = match (options.recycle_segments, free.pop()) {
-            (true, Some(f)) => NewSegment::Recycle(f),
+            (true, Some(f)) => {
+                // A `.free` name found by the scan may not be durable (a clean-up whose
+                // directory sync failed, then a crash): rewriting the file before its name is
+                // durable could leave a live segment's name on the new contents.
+                storage
+                    .sync_dir()
+                    .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
+                NewSegment::Recycle(f)
+            }
             (_, f) => {
                 if let Some(f) = f {
                     free.push(f);
@@ -741,6 +749,12 @@ impl Shared {
                 self.storage.rename(&name, &format::free_name(seq))
             } else {
                 self.storage.remove(&name)
+            };
+            // Gone already: an earlier attempt removed it and then failed to sync the
+            // directory. The sync below is what still has to happen.
+            let res = match res {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                r => r,
             };
             res.and_then(|_| self.storage.sync_dir())
                 .map_err(|e| Error::io(format!("remove committed segment {name}"), e))?;

@@ -13,28 +13,34 @@ fn env_u64(name: &str) -> Option<u64> {
 fn fixed_seeds_survive_crashes_at_sync_points() {
     let seeds = env_u64("WALSINK_SIM_SEEDS").unwrap_or(300);
     let start = env_u64("WALSINK_SIM_START").unwrap_or(0);
-    let mut crashes = 0;
-    let mut checkpoints = 0;
-    let mut delivered = 0;
+    let mut total = simulation::RunStats::default();
     for seed in start..start + seeds {
         match simulation::run(seed, 200, 6) {
             Ok(s) => {
-                crashes += s.crashes;
-                checkpoints += s.checkpoints;
-                delivered += s.delivered;
+                total.crashes += s.crashes;
+                total.checkpoints += s.checkpoints;
+                total.delivered += s.delivered;
+                total.failed_syncs += s.failed_syncs;
+                total.damages += s.damages;
+                total.lenient_recoveries += s.lenient_recoveries;
             }
             Err(f) => panic!("{f}"),
         }
     }
     eprintln!(
-        "{seeds} seeds: {crashes} crashes, {checkpoints} checkpoints, {delivered} epochs delivered"
+        "{seeds} seeds: {} crashes, {} checkpoints, {} epochs delivered, {} failed syncs, {} damages ({} needing lenient recovery)",
+        total.crashes, total.checkpoints, total.delivered, total.failed_syncs, total.damages, total.lenient_recoveries
     );
-    // The workload must really crash and deliver, or the test proves nothing.
+    // The workload must really crash, fail, damage and deliver, or the test proves nothing.
     assert!(
-        crashes as u64 >= seeds,
-        "only {crashes} crashes in {seeds} seeds"
+        total.crashes as u64 >= seeds,
+        "only {} crashes in {seeds} seeds",
+        total.crashes
     );
-    assert!(delivered > 0 && checkpoints > 0);
+    assert!(total.delivered > 0 && total.checkpoints > 0);
+    assert!(total.failed_syncs as u64 >= seeds / 2, "{total:?}");
+    assert!(total.damages as u64 >= seeds / 4, "{total:?}");
+    assert!(total.lenient_recoveries > 0, "{total:?}");
 }
 
 #[test]

@@ -225,6 +225,16 @@ impl SimStorage {
         self.state.lock().faults.push((op, nth, kind));
     }
 
+    /// Number of injected faults not yet hit.
+    pub fn pending_faults(&self) -> usize {
+        self.state.lock().faults.len()
+    }
+
+    /// Drops every fault injected and not yet hit.
+    pub fn clear_faults(&self) {
+        self.state.lock().faults.clear();
+    }
+
     /// Kills the simulated process after `ops` more mutating operations (writes, syncs and
     /// directory changes): that operation and every later one fail as if the process died.
     /// Call [`SimStorage::crash`] afterwards to get the disk a restart would see.

@@ -81,9 +81,49 @@ fn problem(
     }
 }
 
+/// How often a read-only pass starts over when a live writer changed the log underneath it.
+const LIVE_RETRIES: u32 = 8;
+
+/// True for an error caused by a file that vanished: a live writer freed (removed or recycled)
+/// a segment between the listing and the read.
+fn vanished(e: &Error) -> bool {
+    matches!(e.kind(), ErrorKind::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// The segment names in the directory, sorted, to tell whether a writer changed the log.
+fn segment_list(storage: &dyn Storage) -> Result<Vec<String>> {
+    let mut names: Vec<String> = storage
+        .list()
+        .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?
+        .into_iter()
+        .filter(|n| n.ends_with(".wseg"))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 /// Checks every segment header and frame, the identity file and the commit store of the log
 /// in `storage`. Fails only on I/O errors; damage is listed in [`VerifyReport::problems`].
+///
+/// A log that is being written can be checked: when a segment vanishes during the pass (a
+/// live writer freed it), or problems were found while the set of segments changed, the pass
+/// starts over, a few times at most.
 pub fn verify(storage: &dyn Storage) -> Result<VerifyReport> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let before = segment_list(storage)?;
+        match verify_once(storage) {
+            Err(e) if attempt < LIVE_RETRIES && vanished(&e) => continue,
+            Ok(r) if !r.ok && attempt < LIVE_RETRIES && segment_list(storage)? != before => {
+                continue
+            }
+            other => return other,
+        }
+    }
+}
+
+fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
     let mut r = VerifyReport::default();
     let names = storage
         .list()
@@ -245,7 +285,8 @@ impl DumpState {
 
 /// Reads the records of every epoch in the valid prefix of the log, read-only, and hands each
 /// epoch to `f` with its checkpoint id (`None` for the unsealed tail) and state. Epochs whose
-/// first segments were already freed are skipped.
+/// first segments were already freed are skipped, and so are epochs whose segments a live
+/// writer frees while the dump runs.
 pub fn dump(
     storage: &dyn Storage,
     mut f: impl FnMut(Option<u64>, DumpState, &Epoch) -> std::io::Result<()>,
@@ -265,7 +306,14 @@ pub fn dump(
     let (sink_id, subtask) = identity.unwrap_or_else(|| ("unknown".into(), 0));
     let sink_id: std::sync::Arc<str> = sink_id.into();
     let committed = LocalCommitStore::read(storage).unwrap_or(None);
-    let scan = recovery::scan(storage)?;
+    let mut attempt = 0;
+    let scan = loop {
+        attempt += 1;
+        match recovery::scan(storage) {
+            Err(e) if attempt < LIVE_RETRIES && vanished(&e) => continue,
+            other => break other?,
+        }
+    };
     let voided = scan.voided(committed);
     let pool = reader::BufferPool::default();
     for ev in &scan.events {
@@ -279,7 +327,11 @@ pub fn dump(
             subtask,
             checkpoint: e.id,
         };
-        let epoch = reader::load_epoch(storage, &pool, &info, key)?;
+        let epoch = match reader::load_epoch(storage, &pool, &info, key) {
+            // A live writer freed its segment after the scan: it was committed meanwhile.
+            Err(e) if vanished(&e) => continue,
+            other => other?,
+        };
         let state = if committed.is_some_and(|c| e.id <= c) {
             DumpState::Committed
         } else if voided.contains(&e.id) {
@@ -300,4 +352,77 @@ pub fn dump(
         f(None, DumpState::Unsealed, &tail).map_err(|e| Error::io("write the dump", e))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::{FsStorage, StorageFile};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// The filesystem, except that the first open of a segment fails with "No such file or
+    /// directory", as when a live writer recycles the segment between the listing and the read.
+    #[derive(Debug)]
+    struct Vanishing {
+        fs: FsStorage,
+        vanished: AtomicBool,
+    }
+
+    impl Storage for Vanishing {
+        fn list(&self) -> std::io::Result<Vec<String>> {
+            self.fs.list()
+        }
+        fn open(&self, name: &str) -> std::io::Result<Arc<dyn StorageFile>> {
+            if name.ends_with(".wseg") && !self.vanished.swap(true, Ordering::SeqCst) {
+                return Err(std::io::ErrorKind::NotFound.into());
+            }
+            self.fs.open(name)
+        }
+        fn create(&self, name: &str) -> std::io::Result<Arc<dyn StorageFile>> {
+            self.fs.create(name)
+        }
+        fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
+            self.fs.rename(from, to)
+        }
+        fn remove(&self, name: &str) -> std::io::Result<()> {
+            self.fs.remove(name)
+        }
+        fn sync_dir(&self) -> std::io::Result<()> {
+            self.fs.sync_dir()
+        }
+        fn lock(&self) -> std::io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
+            self.fs.lock()
+        }
+        fn describe(&self) -> String {
+            self.fs.describe()
+        }
+    }
+
+    fn log_with_one_checkpoint(dir: &std::path::Path) {
+        let (wal, _) = crate::WalSink::open(dir, crate::Options::new("live")).unwrap();
+        wal.append(b"r").unwrap();
+        wal.checkpoint(1, b"").unwrap();
+    }
+
+    #[test]
+    fn verify_and_dump_tolerate_a_segment_that_vanishes_during_the_pass() {
+        let d = tempfile::tempdir().unwrap();
+        log_with_one_checkpoint(d.path());
+        let st = Vanishing {
+            fs: FsStorage::new(d.path()).unwrap(),
+            vanished: AtomicBool::new(false),
+        };
+        let r = verify(&st).unwrap();
+        assert!(r.ok, "{:?}", r.problems);
+        assert_eq!(r.checkpoints.len(), 1);
+        st.vanished.store(false, Ordering::SeqCst);
+        let mut records = 0;
+        dump(&st, |_, _, e| {
+            records += e.len();
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(records, 1);
+    }
 }

@@ -80,6 +80,63 @@ fn spawn_pipe(args: &PipeArgs) -> std::io::Result<Child> {
         .spawn()
 }
 
+/// The file that marks a directory as the demo's own, so a later `--dir` run may clear it.
+const DEMO_MARK: &str = ".walsink-demo";
+
+/// Makes `dir` the demo's: creates it, or accepts it when it is empty or was made by an
+/// earlier demo. A non-empty directory the demo did not create is refused: the demo replaces
+/// `input.txt`, `wal/` and `out/` in it.
+fn claim_dir(dir: &Path) -> CliResult<()> {
+    if dir.exists() {
+        if !dir.is_dir() {
+            return Err(format!("--dir {} exists and is not a directory", dir.display()).into());
+        }
+        let empty = std::fs::read_dir(dir)
+            .map_err(|e| format!("cannot read --dir {}: {e}", dir.display()))?
+            .next()
+            .is_none();
+        if !empty && !dir.join(DEMO_MARK).exists() {
+            return Err(crate::Refused(format!(
+                "--dir {} is not empty and was not created by `walsink demo`; the demo replaces input.txt, wal/ and out/ in it, so give it an empty or new directory",
+                dir.display()
+            ))
+            .into());
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("cannot create --dir {}: {e}", dir.display()))?;
+    std::fs::write(
+        dir.join(DEMO_MARK),
+        b"made by `walsink demo`; a later demo run may replace input.txt, wal/ and out/ here\n",
+    )
+    .map_err(|e| format!("cannot write in --dir {}: {e}", dir.display()))?;
+    Ok(())
+}
+
+/// Where a restarted pipe resumes: the newest checkpoint in the log (it is not running), with
+/// its input offset.
+fn resume_point(wal: &Path) -> String {
+    let Ok(st) = walsink::storage::FsStorage::new(wal) else {
+        return "the start (no log yet)".into();
+    };
+    match walsink::verify(&st) {
+        Ok(r) => match r.checkpoints.last() {
+            Some(c) => {
+                let offset = crate::resume::PipeMeta::decode(&c.metadata)
+                    .map_or("?".to_string(), |m| m.offset.to_string());
+                format!(
+                    "checkpoint {} (input offset {offset}; committed through {}; {} unsealed records to read again)",
+                    c.id,
+                    r.committed.map_or("-".to_string(), |c| c.to_string()),
+                    r.unsealed_records
+                )
+            }
+            None => "the start (no checkpoint yet)".into(),
+        },
+        Err(e) => format!("(cannot read the log: {e})"),
+    }
+}
+
 /// Counts how often each input record arrived. Returns (lost, duplicated, foreign).
 pub fn check_target(out: &Path, n: u64) -> CliResult<(u64, u64, u64)> {
     let mut seen = vec![0u32; n as usize];
@@ -106,7 +163,7 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
     let mut tmp = None;
     let base = match &args.dir {
         Some(d) => {
-            std::fs::create_dir_all(d)?;
+            claim_dir(d)?;
             d.clone()
         }
         None => {
@@ -147,7 +204,19 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
         checkpoint_every: args.checkpoint_every,
         checkpoint_interval: None,
         sink_id: "demo".into(),
+        follow: false,
+        ship_final_line: false,
+        max_record_bytes: 16 << 20,
+        max_backlog_bytes: None,
+        max_retries: 5,
+        retry_deadline: Duration::from_secs(600),
+        json: false,
         quiet: true,
+    };
+    let note = |s: String| {
+        if !args.quiet {
+            pb.suspend(|| eprintln!("{s}"));
+        }
     };
     if !args.quiet {
         eprintln!(
@@ -162,6 +231,12 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
     let mut crashes = 0u32;
     let mut finished = false;
     while crashes < args.crashes && !finished {
+        if crashes > 0 {
+            note(format!(
+                "demo: restart {crashes} resumes after {}",
+                resume_point(&wal)
+            ));
+        }
         let mut child = spawn_pipe(&pipe)?;
         let delay = Duration::from_millis(rng.u64(args.kill_min_ms..=args.kill_max_ms));
         let t = Instant::now();
@@ -196,6 +271,10 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
         }
     }
     if !finished {
+        note(format!(
+            "demo: final run resumes after {}",
+            resume_point(&wal)
+        ));
         pb.set_message("final run of the pipe to the end of the input");
         let status = spawn_pipe(&pipe)?.wait()?;
         if !status.success() {
@@ -206,7 +285,12 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
     let (lost, dup, foreign) = check_target(&out, args.records)?;
     pb.finish_and_clear();
     if !args.quiet {
-        eprintln!("demo: done in {:.1?}", started.elapsed());
+        eprintln!(
+            "demo: done in {:.1?}; checked by reading every file in {} back (DirSink::read_records) and counting how often each of the {} input records arrived, and whether anything else did",
+            started.elapsed(),
+            out.display(),
+            args.records
+        );
     }
     if lost == 0 && dup == 0 && foreign == 0 {
         println!(

@@ -1,11 +1,15 @@
 //! `walsink`: ship records exactly once, and inspect, verify and repair a log.
 //!
 //! Exit codes: 0 success; 1 a check found problems or an operation was refused; 2 usage or
-//! I/O errors. JSON goes to stdout, logs and progress to stderr.
+//! I/O errors (a directory that is not a log, a target that keeps failing). JSON goes to
+//! stdout, logs and progress to stderr.
 
+mod deliver;
 mod demo;
 mod pipe;
 mod progress;
+mod resume;
+mod source;
 mod tools;
 
 use clap::{Parser, Subcommand};
@@ -36,17 +40,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Print the records in a log.
-    Dump {
-        /// The log directory.
-        dir: PathBuf,
-        /// Only this checkpoint's records.
-        #[arg(long)]
-        checkpoint: Option<u64>,
-        /// One JSON object per record (data as text when UTF-8, otherwise base64).
-        #[arg(long)]
-        json: bool,
-    },
+    /// Print the records in a log: one line per record (checkpoint, index, state, text), or
+    /// JSON. Exit 1 with a warning when the log is damaged (the valid prefix is printed).
+    Dump(tools::DumpArgs),
     /// Check every frame, header and the commit store. Exit 0 when clean, 1 when problems
     /// were found, 2 on usage or I/O errors.
     Verify {
@@ -60,13 +56,21 @@ enum Command {
         quiet: bool,
     },
     /// Cut a torn tail off a log. Refuses corruption of synced data unless --force, which
-    /// moves the damaged segments aside (renamed *.damaged, never deleted).
+    /// moves the damaged segments aside (renamed *.damaged, never deleted) and sets a damaged
+    /// COMMITTED file aside and rebuilds it.
     Repair {
         /// The log directory.
         dir: PathBuf,
         /// Keep the valid prefix of a corrupted log and move the rest aside.
         #[arg(long)]
         force: bool,
+        /// With --force and a damaged COMMITTED file: the checkpoint the target is known to
+        /// hold through (default: the highest one the log proves committed, or none).
+        #[arg(long, requires = "force")]
+        committed: Option<u64>,
+        /// Print what was done as JSON to stdout.
+        #[arg(long)]
+        json: bool,
     },
     /// Show the mission end to end: ship records through `pipe`, kill it with SIGKILL at
     /// random moments, restart it, and check that every record arrived exactly once.
@@ -78,21 +82,26 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Pipe(args) => pipe::run(args),
         Command::Inspect { dir, json } => tools::inspect(&dir, json),
-        Command::Dump {
-            dir,
-            checkpoint,
-            json,
-        } => tools::dump(&dir, checkpoint, json),
+        Command::Dump(args) => tools::dump(&args),
         Command::Verify { dir, json, quiet } => tools::verify(&dir, json, quiet),
-        Command::Repair { dir, force } => tools::repair(&dir, force),
+        Command::Repair {
+            dir,
+            force,
+            committed,
+            json,
+        } => tools::repair(&dir, force, committed, json),
         Command::Demo(args) => demo::run(args),
     };
     match result {
         Ok(code) => code,
         // The reader went away (`walsink dump DIR | head`): not an error.
         Err(e) if is_broken_pipe(&*e) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<Refused>().is_some() => {
+            eprintln!("refused: {e}");
+            ExitCode::from(1)
+        }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", explain(&*e));
             let mut source = e.source();
             while let Some(s) = source {
                 eprintln!("  caused by: {s}");
@@ -102,6 +111,35 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// An error's message in the CLI's words: corruption advice names the command that fixes it.
+fn explain(e: &(dyn std::error::Error + 'static)) -> String {
+    if let Some(w) = e.downcast_ref::<walsink::Error>() {
+        if let walsink::ErrorKind::Corruption {
+            segment,
+            offset,
+            reason,
+        } = w.kind()
+        {
+            return format!(
+                "corruption in {segment} at offset {offset}: {reason}. `walsink verify DIR` lists the damage; `walsink repair --force DIR` keeps the valid prefix and sets the damaged part aside"
+            );
+        }
+    }
+    e.to_string()
+}
+
+/// An operation refused for a reason the user can act on (exit code 1).
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
 
 fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);

@@ -4,5 +4,5 @@
 mod dir;
 mod memory;
 
-pub use dir::DirSink;
+pub use dir::{CommittedEpoch, DirSink};
 pub use memory::MemorySink;

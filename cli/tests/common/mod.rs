@@ -1,0 +1,140 @@
+//! Helpers shared by the CLI's test files: running the binary and reading the target.
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn walsink(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_walsink"))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run walsink")
+}
+
+pub fn spawn(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_walsink"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn walsink")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Lines `from..to`, each `tag NNNNNN` plus some padding.
+pub fn lines(tag: &str, from: usize, to: usize) -> Vec<Vec<u8>> {
+    (from..to)
+        .map(|i| format!("{tag} {i:06} {}", "x".repeat(i % 40)).into_bytes())
+        .collect()
+}
+
+pub fn write_lines(path: &Path, lines: &[Vec<u8>]) {
+    let mut body = Vec::new();
+    for l in lines {
+        body.extend_from_slice(l);
+        body.push(b'\n');
+    }
+    fs::write(path, body).unwrap();
+}
+
+pub fn records(out: &Path) -> Vec<Vec<u8>> {
+    if !out.exists() {
+        return Vec::new();
+    }
+    walsink::DirSink::read_records(out).unwrap()
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// `pipe --input IN --wal WAL --sink dir:OUT` plus `extra`.
+pub fn pipe_args(input: &Path, wal: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "pipe".into(),
+        "--input".into(),
+        s(input).into(),
+        "--wal".into(),
+        s(wal).into(),
+        "--sink".into(),
+        format!("dir:{}", out.display()),
+    ];
+    v.extend(extra.iter().map(|e| e.to_string()));
+    v
+}
+
+pub fn run_pipe(input: &Path, wal: &Path, out: &Path, extra: &[&str]) -> Output {
+    let args = pipe_args(input, wal, out, extra);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    walsink(&refs)
+}
+
+/// Runs the pipe `kills` times, each killed with SIGKILL after a random delay unless it ends
+/// first; returns the exit statuses of the runs that ended on their own and the kill count.
+pub fn kill_loop(
+    input: &Path,
+    wal: &Path,
+    out: &Path,
+    extra: &[&str],
+    kills: u32,
+    seed: u64,
+) -> (Vec<Option<i32>>, u32) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let args = pipe_args(input, wal, out, extra);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (mut ended, mut killed) = (Vec::new(), 0);
+    for _ in 0..kills {
+        let mut child = spawn(&refs);
+        let delay = Duration::from_millis(rng.u64(10..=150));
+        let t = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                ended.push(status.code());
+                break;
+            }
+            if t.elapsed() >= delay {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                killed += 1;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    (ended, killed)
+}
+
+/// Fails unless every record in `got` is one of `want`, each at most once, in order.
+pub fn assert_in_order_once(got: &[Vec<u8>], want: &[Vec<u8>]) {
+    let mut at = 0;
+    for r in got {
+        match want[at..].iter().position(|w| w == r) {
+            Some(i) => at += i + 1,
+            None => panic!(
+                "record {:?} is foreign, duplicated or out of order",
+                String::from_utf8_lossy(r)
+            ),
+        }
+    }
+}
+
+pub fn segments(wal: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<_> = fs::read_dir(wal)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wseg"))
+        .collect();
+    v.sort();
+    v
+}

@@ -745,22 +745,28 @@ impl Shared {
                 floor_raised = true;
             }
             let name = format::segment_name(seq);
+            let free = format::free_name(seq);
             let res = if recycle {
-                self.storage.rename(&name, &format::free_name(seq))
+                self.storage.rename(&name, &free)
             } else {
                 self.storage.remove(&name)
             };
-            // Gone already: an earlier attempt removed it and then failed to sync the
-            // directory. The sync below is what still has to happen.
-            let res = match res {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                r => r,
+            // Gone already: an earlier attempt removed or renamed it and then failed to sync
+            // the directory. The sync below is what still has to happen; the file is reused
+            // only if that attempt kept it as `.free`.
+            let recycled = match res {
+                Ok(()) => Ok(recycle),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Ok(self.storage.open(&free).is_ok())
+                }
+                Err(e) => Err(e),
             };
-            res.and_then(|_| self.storage.sync_dir())
+            let recycled = recycled
+                .and_then(|r| self.storage.sync_dir().map(|_| r))
                 .map_err(|e| Error::io(format!("remove committed segment {name}"), e))?;
             let mut cat = self.cat.lock();
             cat.segments.pop_front();
-            if recycle {
+            if recycled {
                 cat.free.push(seq);
             }
         }

@@ -15,8 +15,10 @@
 //! - damage a crash cannot leave but a disk can: a newest segment lost or without its header,
 //!   a bit flipped in a segment header or in synced data; recovery then runs in the default
 //!   mode and, if it refuses, in the lenient one, and the workload goes on after it;
-//! - per seed: small segments with or without recycling, a sink with or without its own
-//!   marker, and a local commit store or one that forgets everything at each restart.
+//! - per seed: small segments with or without recycling; a sink with or without its own
+//!   marker, or the real [`DirSink`](crate::DirSink) on a simulated disk of its own, whose
+//!   syncs can fail too and which loses power with the machine; and a local commit store or
+//!   one that forgets everything at each restart.
 //!
 //! The checks after every reopen and delivery:
 //!

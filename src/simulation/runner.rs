@@ -43,9 +43,12 @@ struct Model {
     counter: u64,
 }
 
+/// One epoch as the target holds it: checkpoint id and records.
+type Batch = (u64, Vec<Vec<u8>>);
+
 /// A sink that fails one delivery of a call, after the ones before it succeeded.
 struct FailingSink {
-    inner: MemorySink,
+    inner: Box<dyn Sink>,
     fail_at: Option<u8>,
     calls: u8,
 }
@@ -73,6 +76,9 @@ pub(super) struct Run {
     sim: SimStorage,
     opts: Options,
     sink: MemorySink,
+    /// When set, epochs go to a [`DirSink`](crate::DirSink) on this disk of its own instead
+    /// of `sink`: it loses what it did not make durable when the machine loses power.
+    target: Option<SimStorage>,
     marker: bool,
     /// The commit store forgets everything at each restart (a fresh `MemoryCommitStore`).
     forgetful: bool,
@@ -115,6 +121,7 @@ impl Run {
         let opts = sim_options(&mut rng);
         let marker = rng.bool();
         let forgetful = rng.u8(0..4) == 0;
+        let target = (rng.u8(0..3) == 0).then(SimStorage::new);
         Run {
             seed,
             rng,
@@ -125,7 +132,8 @@ impl Run {
             } else {
                 MemorySink::new()
             },
-            marker,
+            marker: marker || target.is_some(),
+            target,
             forgetful,
             model: Model {
                 next_id: Some(0),
@@ -191,7 +199,8 @@ impl Run {
 
     /// A new process lifetime begins (after a crash, or a restart that forgets marks).
     fn new_lifetime(&mut self) {
-        self.lifetimes.push(self.sink.batches().len());
+        let n = self.delivered().map_or(0, |d| d.len());
+        self.lifetimes.push(n);
     }
 
     /// Reopens after a crash, cleanly, or after damage (`damaged`), and checks the recovered
@@ -434,12 +443,45 @@ impl Run {
         }
     }
 
+    /// What the target holds: one batch per delivered epoch, in delivery order (the
+    /// directory target: one per epoch file, in checkpoint order).
+    fn delivered(&self) -> Result<Vec<Batch>, Halt> {
+        let Some(target) = &self.target else {
+            return Ok(self
+                .sink
+                .batches()
+                .into_iter()
+                .map(|(k, r)| (k.checkpoint, r))
+                .collect());
+        };
+        let files = crate::DirSink::read_epochs_in(target)
+            .map_err(|e| self.fail(format!("reading the target failed: {e}")))?;
+        let mut out = Vec::new();
+        for (name, records) in files {
+            let Some(id) = name.get(..20).and_then(|d| d.parse().ok()) else {
+                return Err(self.fail(format!("unexpected file {name} in the target")));
+            };
+            out.push((id, records));
+        }
+        Ok(out)
+    }
+
+    /// A fresh handle on the target for one delivery.
+    fn target_sink(&self) -> Result<Box<dyn Sink>, Halt> {
+        match &self.target {
+            None => Ok(Box::new(self.sink.clone())),
+            Some(t) => crate::DirSink::with_storage(Arc::new(t.clone()))
+                .map(|s| Box::new(s) as Box<dyn Sink>)
+                .map_err(|e| self.fail(format!("opening the target failed: {e}"))),
+        }
+    }
+
     fn check_sink(&self) -> Result<(), Halt> {
-        let batches = self.sink.batches();
+        let batches = self.delivered()?;
         let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
         let mut last = None;
-        for (i, (key, records)) in batches.iter().enumerate() {
-            let id = key.checkpoint;
+        for (i, (id, records)) in batches.iter().enumerate() {
+            let id = *id;
             let Some(want) = self.model.epochs.get(&id) else {
                 return Err(self.fail(format!(
                     "sink received checkpoint {id}, which was never sealed"
@@ -480,10 +522,18 @@ impl Run {
     /// Power loss after a failed sync (or a kill): the disk a restart sees.
     fn crash(&mut self, process_only: bool) {
         self.wal = None;
-        if process_only && !self.poisoned {
-            self.sim.crash(CrashOptions::process_kill());
+        let how = if process_only && !self.poisoned {
+            CrashOptions::process_kill()
         } else {
-            self.sim.crash(CrashOptions::power_loss(self.rng.u64(..)));
+            CrashOptions::power_loss(self.rng.u64(..))
+        };
+        self.sim.crash(how);
+        if let Some(t) = &self.target {
+            // The same machine: the target's disk loses power (or its process dies) too.
+            t.crash(CrashOptions {
+                seed: self.rng.u64(..),
+                ..how
+            });
         }
         self.new_lifetime();
     }
@@ -566,7 +616,7 @@ impl Run {
             }
             Op::Deliver { fail_at } => {
                 let mut sink = FailingSink {
-                    inner: self.sink.clone(),
+                    inner: self.target_sink()?,
                     fail_at: fail_at.map(|k| k % 4),
                     calls: 0,
                 };
@@ -614,8 +664,15 @@ impl Run {
                 } else {
                     FaultOp::SyncDir
                 };
-                self.sim
-                    .inject_fault(op, ((n / 2) % 3) as u64, std::io::ErrorKind::Other);
+                let nth = ((n / 4) % 3) as u64;
+                match &self.target {
+                    // A sync of the target fails: the sink reports an error, and whatever it
+                    // left (a renamed file whose name is not durable) must not count yet.
+                    Some(t) if (n / 2) % 2 == 1 => {
+                        t.inject_fault(op, nth, std::io::ErrorKind::Other)
+                    }
+                    _ => self.sim.inject_fault(op, nth, std::io::ErrorKind::Other),
+                }
                 self.stats.failed_syncs += 1;
             }
             Op::Damage { kind, at } => {
@@ -623,7 +680,7 @@ impl Run {
                 self.crash(false);
                 if self.damage(kind, at) {
                     self.stats.damages += 1;
-                    self.order_from = self.sink.batches().len();
+                    self.order_from = self.delivered()?.len();
                 }
                 self.reopen(true)?;
             }
@@ -705,12 +762,13 @@ impl Run {
                 .checkpoint_complete(last)
                 .map_err(|e| self.failure(format!("complete: {e}")))?;
         }
-        let mut sink = self.sink.clone();
+        let mut sink = self.target_sink().map_err(|h| self.halt_failure(h))?;
         self.wal()
             .deliver_ready(&mut sink)
             .map_err(|e| self.failure(format!("final delivery failed: {e}")))?;
         self.check_sink().map_err(|h| self.halt_failure(h))?;
-        let got: BTreeSet<u64> = self.sink.checkpoints().into_iter().collect();
+        let delivered = self.delivered().map_err(|h| self.halt_failure(h))?;
+        let got: BTreeSet<u64> = delivered.iter().map(|(id, _)| *id).collect();
         let committed = self.wal().health().committed;
         for &id in &self.model.durable {
             if !got.contains(&id) && !self.model.epochs[&id].0.is_empty() {
@@ -733,7 +791,7 @@ impl Run {
             WalSink::open_with_storage(storage, strict)
         };
         reopened.map_err(|e| self.failure(format!("strict reopen: {e}")))?;
-        self.stats.delivered = self.sink.batches().len();
+        self.stats.delivered = delivered.len();
         Ok(self.stats)
     }
 

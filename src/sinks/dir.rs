@@ -1,9 +1,14 @@
 //! The directory sink: one file per epoch, where the rename is the commit marker.
+//!
+//! Its file I/O goes through the [`Storage`] seam like the log's, so the crash simulation
+//! can run it on a simulated disk of its own and lose, after a power loss, whatever it did
+//! not make durable.
 
 use crate::sink::{Epoch, EpochKey, Sink, SinkError};
-use std::fs::{self, File};
+use crate::storage::{self, FsStorage, Storage, StorageFile};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 const TMP_PREFIX: &str = ".tmp-";
 const META_EXT: &str = "meta";
@@ -23,14 +28,10 @@ const META_EXT: &str = "meta";
 /// embedder resumes from the target's newest metadata when the target is ahead of its log.
 #[derive(Debug, Clone)]
 pub struct DirSink {
+    storage: Arc<dyn Storage>,
+    /// The directory, for messages and [`DirSink::dir`].
     dir: PathBuf,
     keep_metadata: bool,
-    /// Test seam: the next this many directory syncs fail.
-    #[cfg(test)]
-    fail_dir_syncs: u32,
-    /// Test seam: directory syncs that succeeded.
-    #[cfg(test)]
-    dir_syncs: u32,
 }
 
 /// One epoch found in a directory sink's target by [`DirSink::committed`].
@@ -64,11 +65,37 @@ fn with_path(e: io::Error, what: &str, path: &Path) -> SinkError {
     err.with_source(e)
 }
 
+/// Buffered sequential writes into a [`StorageFile`].
+struct FileWriter<'a> {
+    file: &'a dyn StorageFile,
+    at: u64,
+    buf: Vec<u8>,
+}
+
+impl Write for FileWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= 1 << 20 {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            self.file.write_at(self.at, &self.buf)?;
+            self.at += self.buf.len() as u64;
+            self.buf.clear();
+        }
+        Ok(())
+    }
+}
+
 impl DirSink {
     /// A sink writing into `dir`, created if missing. Temporary files left by a crash are
     /// removed. The error names `dir`.
     pub fn new(dir: impl AsRef<Path>) -> io::Result<Self> {
-        let dir = dir.as_ref().to_path_buf();
+        let dir = dir.as_ref();
         let named = |e: io::Error| {
             io::Error::new(
                 e.kind(),
@@ -81,20 +108,22 @@ impl DirSink {
                 "it exists and is not a directory",
             )));
         }
-        fs::create_dir_all(&dir).map_err(named)?;
-        for entry in fs::read_dir(&dir).map_err(named)? {
-            let entry = entry.map_err(named)?;
-            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
-                fs::remove_file(entry.path()).map_err(named)?;
+        let storage = FsStorage::new(dir).map_err(named)?;
+        Self::with_storage(Arc::new(storage)).map_err(named)
+    }
+
+    /// A sink writing into the directory behind any [`Storage`] (the crash simulation gives it
+    /// a simulated disk). Temporary files left by a crash are removed.
+    pub fn with_storage(storage: Arc<dyn Storage>) -> io::Result<Self> {
+        for name in storage.list()? {
+            if name.starts_with(TMP_PREFIX) {
+                storage.remove(&name)?;
             }
         }
         Ok(DirSink {
-            dir,
+            dir: PathBuf::from(storage.describe()),
+            storage,
             keep_metadata: false,
-            #[cfg(test)]
-            fail_dir_syncs: 0,
-            #[cfg(test)]
-            dir_syncs: 0,
         })
     }
 
@@ -134,26 +163,29 @@ impl DirSink {
         subtask: u32,
     ) -> io::Result<Vec<CommittedEpoch>> {
         let dir = dir.as_ref();
-        let entries = match fs::read_dir(dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
-        };
+        if !dir.exists() {
+            return Ok(Vec::new());
+        }
+        Self::committed_in(&FsStorage::new(dir)?, sink_id, subtask)
+    }
+
+    /// [`DirSink::committed`] for a target behind any [`Storage`].
+    pub fn committed_in(
+        storage: &dyn Storage,
+        sink_id: &str,
+        subtask: u32,
+    ) -> io::Result<Vec<CommittedEpoch>> {
         let mut out = Vec::new();
-        for entry in entries {
-            let name = entry?.file_name().to_string_lossy().into_owned();
+        for name in storage.list()? {
             let Some((checkpoint, id, sub, ext)) = Self::parse_name(&name) else {
                 continue;
             };
             if id != sink_id || sub != subtask || !matches!(ext, "txt" | "bin") {
                 continue;
             }
-            let meta = dir.join(format!(
-                "{}.{META_EXT}",
-                &name[..name.len() - ext.len() - 1]
-            ));
-            let metadata = match fs::read(&meta) {
-                Ok(m) => Some(m),
+            let meta = format!("{}.{META_EXT}", &name[..name.len() - ext.len() - 1]);
+            let metadata = match storage.open(&meta) {
+                Ok(f) => Some(storage::read_all(&*f)?),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => None,
                 Err(e) => return Err(e),
             };
@@ -169,81 +201,102 @@ impl DirSink {
 
     /// Reads back every record of every epoch file in `dir`, in file-name order.
     pub fn read_records(dir: impl AsRef<Path>) -> io::Result<Vec<Vec<u8>>> {
-        let mut names: Vec<PathBuf> = fs::read_dir(dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                !p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with(TMP_PREFIX))
-            })
+        let dir = dir.as_ref();
+        if !dir.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} is not a directory", dir.display()),
+            ));
+        }
+        Ok(Self::read_epochs_in(&FsStorage::new(dir)?)?
+            .into_iter()
+            .flat_map(|(_, records)| records)
+            .collect())
+    }
+
+    /// Reads back every epoch file of a target behind any [`Storage`], in file-name order:
+    /// the file name and the records it holds.
+    pub fn read_epochs_in(storage: &dyn Storage) -> io::Result<Vec<(String, Vec<Vec<u8>>)>> {
+        let mut names: Vec<String> = storage
+            .list()?
+            .into_iter()
+            .filter(|n| !n.starts_with(TMP_PREFIX))
             .collect();
         names.sort();
         let mut out = Vec::new();
-        for p in names {
-            match p.extension().and_then(|e| e.to_str()) {
-                Some("txt") => {
-                    let data = fs::read(&p)?;
-                    for line in data.split(|&b| b == b'\n') {
-                        out.push(line.to_vec());
-                    }
-                    // The file ends with a newline: the last split is empty.
-                    out.pop();
-                }
-                Some("bin") => {
-                    let data = fs::read(&p)?;
-                    let mut at = 0;
-                    while at + 4 <= data.len() {
-                        let len = u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes"))
-                            as usize;
-                        let end = (at + 4).saturating_add(len).min(data.len());
-                        out.push(data[at + 4..end].to_vec());
-                        at = end;
-                    }
-                }
-                _ => {}
+        for name in names {
+            let ext = name.rsplit_once('.').map(|(_, e)| e);
+            if !matches!(ext, Some("txt" | "bin")) {
+                continue;
             }
+            let data = storage::read_all(&*storage.open(&name)?)?;
+            let mut records = Vec::new();
+            if ext == Some("txt") {
+                for line in data.split(|&b| b == b'\n') {
+                    records.push(line.to_vec());
+                }
+                // The file ends with a newline: the last split is empty.
+                records.pop();
+            } else {
+                let mut at = 0;
+                while at + 4 <= data.len() {
+                    let len =
+                        u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes")) as usize;
+                    let end = (at + 4).saturating_add(len).min(data.len());
+                    records.push(data[at + 4..end].to_vec());
+                    at = end;
+                }
+            }
+            out.push((name, records));
         }
         Ok(out)
     }
 
-    /// Makes the directory's entries (names created or renamed in it) durable.
-    fn sync_dir(&mut self) -> Result<(), SinkError> {
-        #[cfg(test)]
-        if self.fail_dir_syncs > 0 {
-            self.fail_dir_syncs -= 1;
-            return Err(with_path(
-                io::Error::other("injected directory sync failure"),
-                "sync directory",
-                &self.dir,
-            ));
-        }
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| with_path(e, "sync directory", &self.dir))?;
-        #[cfg(test)]
-        {
-            self.dir_syncs += 1;
-        }
-        Ok(())
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
     }
 
-    /// Writes `bytes` to `name` in the directory through a synced temporary file and a rename
-    /// (the directory is not synced here).
+    /// Makes the directory's entries (names created or renamed in it) durable.
+    fn sync_dir(&self) -> Result<(), SinkError> {
+        self.storage
+            .sync_dir()
+            .map_err(|e| with_path(e, "sync directory", &self.dir))
+    }
+
+    /// Writes `name` in the directory through a synced temporary file and a rename (the
+    /// directory is not synced here).
     fn write_file(
         &self,
         name: &str,
         write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
     ) -> Result<(), SinkError> {
-        let tmp = self.dir.join(format!("{TMP_PREFIX}{name}"));
-        let f = File::create(&tmp).map_err(|e| with_path(e, "create", &tmp))?;
-        let mut w = io::BufWriter::with_capacity(1 << 20, f);
-        write(&mut w).map_err(|e| with_path(e, "write", &tmp))?;
-        let f = w
-            .into_inner()
-            .map_err(|e| with_path(e.into_error(), "write", &tmp))?;
-        f.sync_all().map_err(|e| with_path(e, "sync", &tmp))?;
+        let tmp = format!("{TMP_PREFIX}{name}");
+        let f = self
+            .storage
+            .create(&tmp)
+            .map_err(|e| with_path(e, "create", &self.path(&tmp)))?;
+        let mut w = FileWriter {
+            file: &*f,
+            at: 0,
+            buf: Vec::with_capacity(1 << 20),
+        };
+        write(&mut w)
+            .and_then(|_| w.flush())
+            .map_err(|e| with_path(e, "write", &self.path(&tmp)))?;
+        f.sync_data()
+            .map_err(|e| with_path(e, "sync", &self.path(&tmp)))?;
         drop(f);
-        let dest = self.dir.join(name);
-        fs::rename(&tmp, &dest).map_err(|e| with_path(e, "rename into place", &dest))
+        self.storage
+            .rename(&tmp, name)
+            .map_err(|e| with_path(e, "rename into place", &self.path(name)))
+    }
+
+    fn exists(&self, name: &str) -> Result<bool, SinkError> {
+        match self.storage.open(name) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(with_path(e, "look up", &self.path(name))),
+        }
     }
 }
 
@@ -291,8 +344,7 @@ impl Sink for DirSink {
     /// could lose.
     fn is_committed(&mut self, key: &EpochKey) -> Result<bool, SinkError> {
         let stem = Self::stem(key);
-        let exists = self.dir.join(format!("{stem}.txt")).exists()
-            || self.dir.join(format!("{stem}.bin")).exists();
+        let exists = self.exists(&format!("{stem}.txt"))? || self.exists(&format!("{stem}.bin"))?;
         if exists {
             self.sync_dir()?;
         }
@@ -303,6 +355,7 @@ impl Sink for DirSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::{CrashOptions, FaultOp, SimStorage};
     use crate::{Options, WalSink};
 
     fn one_epoch(dir: &Path) -> WalSink {
@@ -326,52 +379,61 @@ mod tests {
         assert_eq!(DirSink::parse_name("notes.txt"), None);
     }
 
-    /// Issue 8, defect 8: a delivery whose directory sync failed after the rename leaves the
-    /// file visible; the retry must not count it as committed until the name is durable.
+    fn records_in(sim: &SimStorage) -> usize {
+        DirSink::read_epochs_in(sim)
+            .unwrap()
+            .iter()
+            .map(|(_, r)| r.len())
+            .sum()
+    }
+
+    /// A delivery whose directory sync failed after the rename leaves the file visible; the
+    /// retry must not count it as committed until the name is durable.
     #[test]
     fn is_committed_makes_the_name_durable_before_answering_yes() {
         let d = tempfile::tempdir().unwrap();
         let wal = one_epoch(&d.path().join("wal"));
-        let mut sink = DirSink::new(d.path().join("out")).unwrap();
-        sink.fail_dir_syncs = 1;
+        let target = SimStorage::new();
+        let mut sink = DirSink::with_storage(Arc::new(target.clone())).unwrap();
+        let fail_next_dir_sync = || target.inject_fault(FaultOp::SyncDir, 0, io::ErrorKind::Other);
+        fail_next_dir_sync();
         assert!(
             wal.deliver_ready(&mut sink).is_err(),
             "the sync after the rename failed"
         );
-        assert_eq!(
-            DirSink::read_records(sink.dir()).unwrap().len(),
-            2,
-            "renamed, not durable"
-        );
+        assert_eq!(records_in(&target), 2, "renamed, not durable");
         let key = EpochKey {
             sink_id: "dirsink".into(),
             subtask: 0,
             checkpoint: 1,
         };
         // The retry: while the directory cannot be synced, the epoch is not committed.
-        sink.fail_dir_syncs = 1;
+        fail_next_dir_sync();
         assert!(sink.is_committed(&key).is_err());
         assert!(wal.health().committed.is_none());
-        sink.fail_dir_syncs = 1;
+        fail_next_dir_sync();
         assert!(
             wal.deliver_ready(&mut sink).is_err(),
             "no mark without a durable name"
         );
         assert!(wal.health().committed.is_none());
         // Once the directory syncs, the answer is yes and the mark follows.
-        let before = sink.dir_syncs;
+        let before = target.stats().dir_syncs;
         assert!(sink.is_committed(&key).unwrap());
         assert_eq!(
-            sink.dir_syncs,
+            target.stats().dir_syncs,
             before + 1,
             "yes only after a directory sync"
         );
         assert_eq!(wal.deliver_ready(&mut sink).unwrap(), 1);
         assert_eq!(wal.health().committed, Some(1));
-        assert_eq!(
-            DirSink::read_records(sink.dir()).unwrap(),
-            vec![b"a".to_vec(), b"b".to_vec()]
-        );
+        // And the name survives a power loss of the target.
+        target.crash(CrashOptions {
+            seed: 1,
+            lose_all_unsynced: true,
+            process_only: false,
+        });
+        assert_eq!(records_in(&target), 2);
     }
 
     #[test]
@@ -397,7 +459,12 @@ mod tests {
     fn errors_name_the_path() {
         let d = tempfile::tempdir().unwrap();
         let file = d.path().join("afile");
-        fs::write(&file, b"x").unwrap();
+        FsStorage::new(d.path())
+            .unwrap()
+            .create("afile")
+            .unwrap()
+            .write_at(0, b"x")
+            .unwrap();
         let e = DirSink::new(&file).unwrap_err().to_string();
         assert!(e.contains("afile") && e.contains("not a directory"), "{e}");
     }

@@ -78,8 +78,10 @@ pub struct Damage {
 pub(crate) struct Scan {
     /// Segment sequence numbers present, ascending.
     pub segments: Vec<u64>,
-    /// Free (recycled) segments present.
+    /// Free (recycled) segments present that can be reused.
     pub free: Vec<u64>,
+    /// Free files holding another segment's frames: removed, never reused.
+    pub stale_free: Vec<String>,
     /// Files that are not part of a log.
     pub unexpected: Vec<String>,
     /// Leftover temporary files and damaged segments set aside earlier.
@@ -163,12 +165,41 @@ pub(crate) fn scan(storage: &dyn Storage) -> Result<Scan> {
     }
     scan.segments.sort_unstable();
     scan.free.sort_unstable();
+    // A free file is reused under a new number with a new header. Its old frames never verify
+    // again because their checksums cover the old number. That holds only if the file holds
+    // its own number's frames: after a rename `.free -> .wseg` whose directory sync failed, a
+    // power loss can leave a `K.free` holding segment N's frames, and reusing it as N while
+    // the new header is not yet durable could bring them back. Such files are not reused.
+    let mut reusable = Vec::with_capacity(scan.free.len());
+    for seq in std::mem::take(&mut scan.free) {
+        if free_holds_its_own_frames(storage, seq)? {
+            reusable.push(seq);
+        } else {
+            scan.stale_free.push(format::free_name(seq));
+        }
+    }
+    scan.free = reusable;
     scan.unexpected.sort();
     read_prefix(storage, &mut scan)?;
     if scan.damage.is_some() {
         scan_after_damage(storage, &mut scan)?;
     }
     Ok(scan)
+}
+
+/// True unless free file `seq` has a header naming another segment.
+fn free_holds_its_own_frames(storage: &dyn Storage, seq: u64) -> Result<bool> {
+    let name = format::free_name(seq);
+    let file = storage
+        .open(&name)
+        .map_err(|e| Error::io(format!("open {name}"), e))?;
+    let header = file
+        .read_range(0, format::SEGMENT_HEADER_LEN)
+        .map_err(|e| Error::io(format!("read {name}"), e))?;
+    Ok(match header.get(16..24) {
+        Some(stored) => stored == seq.to_le_bytes() || header.iter().all(|&b| b == 0),
+        None => true,
+    })
 }
 
 /// Walks frames from the first segment until the valid prefix ends.

@@ -283,6 +283,11 @@ fn repair(storage: &dyn Storage, scan: &Scan, report: &mut RecoveryReport) -> Re
             .remove(name)
             .map_err(|e| Error::io(format!("remove leftover {name}"), e))?;
     }
+    for name in &scan.stale_free {
+        storage
+            .remove(name)
+            .map_err(|e| Error::io(format!("remove stale free segment {name}"), e))?;
+    }
     Ok(keep)
 }
 

@@ -227,3 +227,41 @@ fn verify_survives_record_counts_that_overflow() {
         "a barrier claiming records that are not there is a problem"
     );
 }
+
+#[test]
+fn a_free_file_holding_another_segments_frames_is_never_reused() {
+    use walsink::storage::{CrashOptions, FaultOp, SimStorage};
+    let lose_unsynced = CrashOptions {
+        seed: 0,
+        lose_all_unsynced: true,
+        process_only: false,
+    };
+    let sim = SimStorage::new();
+    let o = opts("stale-free")
+        .segment_size(4096)
+        .max_record_size(1024)
+        .recycle_segments(true);
+    let wal = open_sim(&sim, o.clone());
+    for cp in 1..=4u64 {
+        for i in 0..10 {
+            wal.append(&[b'a' + i as u8; 300]).unwrap();
+        }
+        wal.checkpoint(cp, b"").unwrap();
+        complete_and_deliver(&wal, cp);
+    }
+    // The next epoch rolls into a recycled file; the directory sync after it fails, so the
+    // rename is not durable while the file's new frames are.
+    sim.inject_fault(FaultOp::SyncDir, 0, std::io::ErrorKind::Other);
+    for _ in 0..20 {
+        wal.append(&[b'z'; 300]).unwrap();
+    }
+    assert!(wal.checkpoint(5, b"").is_err());
+    drop(wal);
+    sim.crash(lose_unsynced);
+    // Recovery may take a free file for its new segment; a power loss before its header is
+    // synced must not bring back frames the file held under that number.
+    drop(WalSink::open_with_storage(std::sync::Arc::new(sim.clone()), o.clone()).unwrap());
+    sim.crash(lose_unsynced);
+    let (_, report) = WalSink::open_with_storage(std::sync::Arc::new(sim.clone()), o).unwrap();
+    assert!(!report.pending.contains(&5), "{report:?}");
+}

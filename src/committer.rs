@@ -133,13 +133,23 @@ impl Shared {
             d.unmarked += 1;
             return Ok(Step::Done(e.id));
         }
-        let epoch = reader::load_epoch(&*self.storage, &self.read_pool, &e, key)?;
+        let epoch = reader::load_epoch(
+            &self.storage,
+            &self.read_pool,
+            self.opts.read_chunk_size,
+            &e,
+            key,
+        )?;
         let delivered = if epoch.is_empty() {
             Ok(())
         } else {
             sink.deliver(&epoch)
         };
-        self.read_pool.give_back(epoch);
+        // A sink that met a read failure half-way reports its own error (or none): the
+        // log's is the one to act on.
+        if let Some(failure) = epoch.reader.take_failure() {
+            return Err(failure);
+        }
         delivered?;
         failpoint("committer::deliver::after")?;
         d.delivered = Some(e.id);

@@ -102,6 +102,10 @@ pub struct Options {
     /// Appends are buffered in memory up to this many bytes before they are written to the
     /// segment file (they are not durable before the next checkpoint anyway). Default 256 KiB.
     pub write_buffer_size: usize,
+    /// Delivery reads an epoch in chunks of at most this many bytes (one frame when a frame is
+    /// larger), so its memory is bounded whatever the epoch's size; an epoch that fits in one
+    /// chunk is read and verified whole before the sink sees it. Default 8 MiB; at least 1 KiB.
+    pub read_chunk_size: usize,
     /// How open treats damage. Default [`RecoveryMode::TolerateTornTail`].
     pub recovery_mode: RecoveryMode,
     /// Keep fully committed segments for reuse instead of deleting them (their blocks are
@@ -137,6 +141,7 @@ impl Options {
             max_record_size: 16 << 20,
             max_metadata_size: 64 << 10,
             write_buffer_size: 256 << 10,
+            read_chunk_size: 8 << 20,
             recovery_mode: RecoveryMode::default(),
             recycle_segments: true,
             max_free_segments: 2,
@@ -187,6 +192,12 @@ impl Options {
     /// Sets [`Options::write_buffer_size`].
     pub fn write_buffer_size(mut self, bytes: usize) -> Self {
         self.write_buffer_size = bytes;
+        self
+    }
+
+    /// Sets [`Options::read_chunk_size`].
+    pub fn read_chunk_size(mut self, bytes: usize) -> Self {
+        self.read_chunk_size = bytes;
         self
     }
 
@@ -252,6 +263,12 @@ impl Options {
         }
         if self.segment_size > 1 << 40 {
             return Err(Error::config("segment_size must be at most 1 TiB"));
+        }
+        if self.read_chunk_size < 1024 {
+            return Err(Error::config(format!(
+                "read_chunk_size {} is too small: it must be at least 1024",
+                self.read_chunk_size
+            )));
         }
         if self.write_buffer_size == 0 {
             return Err(Error::config("write_buffer_size must be positive"));

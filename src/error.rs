@@ -221,6 +221,23 @@ impl Error {
         matches!(*self.0, ErrorKind::Poisoned { .. })
     }
 
+    /// A copy of this error, for a failure that is reported in two places (to a sink while
+    /// it reads an epoch, and to the committer): I/O errors keep their kind and message.
+    pub(crate) fn duplicate(&self) -> Self {
+        match &*self.0 {
+            ErrorKind::Io { context, source } => Error::io(
+                context.clone(),
+                io::Error::new(source.kind(), source.to_string()),
+            ),
+            ErrorKind::Corruption {
+                segment,
+                offset,
+                reason,
+            } => Error::corruption(segment.clone(), *offset, reason.clone()),
+            _ => Error::invalid_op(self.to_string()),
+        }
+    }
+
     pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
         ErrorKind::Io {
             context: context.into(),

@@ -316,6 +316,15 @@ pub fn decode_frame_in(
     })
 }
 
+/// The size (padding included) that a frame header at `buf[at..]` declares, unverified: how
+/// many bytes to read to see the whole frame. `None` when the header is not all in `buf` or
+/// declares more than [`MAX_PAYLOAD`].
+pub fn declared_frame_size(buf: &[u8], at: usize) -> Option<usize> {
+    let h = buf.get(at..at.checked_add(FRAME_HEADER_LEN)?)?;
+    let len = le_u32(h, 4) as usize;
+    (len <= MAX_PAYLOAD).then(|| frame_size(len))
+}
+
 /// Reads the frame at `buf[at..]` without verifying checksums: for iterating over frames that
 /// were verified before. Returns `None` at the end of the buffer or on a header that does not fit.
 pub fn peek_frame(buf: &[u8], at: usize) -> Option<FrameRef<'_>> {

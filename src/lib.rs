@@ -29,7 +29,10 @@ pub use config::{validate_sink_id, FullPolicy, Mode, Options, RecoveryMode, Retr
 pub use error::{CorruptionReason, Error, ErrorKind, Result};
 pub use recovery::Damage;
 pub use repair::RecoveryReport;
-pub use sink::{Epoch, EpochKey, Record, RecordPosition, Records, Sink, SinkError, SinkErrorClass};
+pub use sink::{
+    Chunk, ChunkRecords, Chunks, Epoch, EpochKey, Record, RecordPosition, Records, Sink, SinkError,
+    SinkErrorClass,
+};
 pub use sinks::{DirSink, MemorySink};
 pub use verify::{dump, verify, CheckpointSummary, DumpState, Problem, VerifyReport};
 pub use wal::WalSink;

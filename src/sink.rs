@@ -1,5 +1,6 @@
 //! The [`Sink`] trait: where the committer delivers sealed, completed epochs.
 
+use crate::reader::{Cursor, RawChunk, Reader};
 use bytes::Bytes;
 use std::fmt;
 use std::sync::Arc;
@@ -25,10 +26,16 @@ pub struct RecordPosition {
     pub index: u64,
 }
 
-/// One sealed epoch handed to a [`Sink`]: its key, checkpoint time and metadata, and its
-/// records as slices of the buffers the epoch's byte ranges were read into (one read per
-/// segment, no copy per record). Every frame was verified against its checksum before the
-/// epoch was handed out.
+/// One sealed epoch handed to a [`Sink`]: its key, checkpoint time and metadata, and a way to
+/// read its records.
+///
+/// Records are read from the log in bounded chunks ([`Epoch::chunks`], or record by record
+/// with [`Epoch::records`]), so an epoch of any size is delivered in bounded memory, and the
+/// epoch can be read as often as a sink needs (a second pass, a retry). An epoch that fits in
+/// one chunk (8 MiB) was read and verified whole before it was handed out; a larger one is
+/// verified as it is read, so reading can fail half-way: a sink that meets an `Err` must
+/// return an error without committing anything (walsink then reports the log's error, not
+/// the sink's, and retries the epoch).
 #[derive(Debug, Clone)]
 pub struct Epoch {
     pub(crate) key: EpochKey,
@@ -36,11 +43,9 @@ pub struct Epoch {
     pub(crate) metadata: Bytes,
     pub(crate) records: u64,
     pub(crate) bytes: u64,
-    /// The buffers the epoch's byte ranges were read into.
-    pub(crate) buffers: Vec<Bytes>,
-    /// Runs of consecutive verified data frames, each starting at a frame boundary: a buffer
-    /// index and a range in it.
-    pub(crate) parts: Vec<(usize, std::ops::Range<usize>)>,
+    pub(crate) reader: Arc<Reader>,
+    /// The chunks, read and verified before delivery, for an epoch within one chunk.
+    pub(crate) loaded: Option<Vec<RawChunk>>,
 }
 
 impl Epoch {
@@ -79,71 +84,236 @@ impl Epoch {
         self.bytes
     }
 
-    /// Gives the read buffers back (for reuse) once nothing else refers to them.
-    pub(crate) fn into_buffers(self) -> Vec<Bytes> {
-        self.buffers
+    /// The records in append order, in verified chunks of at most 8 MiB (or one record, when
+    /// a record is larger). Each call reads the epoch again from the start.
+    ///
+    /// # Example
+    /// ```
+    /// # use walsink::{Epoch, Sink, SinkError};
+    /// struct CountingSink(u64);
+    /// impl Sink for CountingSink {
+    ///     fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+    ///         for chunk in epoch.chunks() {
+    ///             for record in chunk?.records() {
+    ///                 self.0 += record.data.len() as u64;
+    ///             }
+    ///         }
+    ///         Ok(())
+    ///     }
+    /// }
+    /// ```
+    pub fn chunks(&self) -> Chunks<'_> {
+        Chunks {
+            epoch: self,
+            state: match &self.loaded {
+                Some(_) => ChunksState::Loaded(0),
+                None => ChunksState::Reading(self.reader.cursor()),
+            },
+        }
     }
 
-    /// The records in append order, each with its position.
+    /// The records in append order, each with its position; reads the epoch chunk by chunk
+    /// like [`Epoch::chunks`]. An `Err` ends the iteration.
     pub fn records(&self) -> Records<'_> {
         Records {
-            epoch: self,
-            part: 0,
+            chunks: self.chunks(),
+            current: None,
             at: 0,
             index: 0,
+            failed: false,
         }
     }
 }
 
-/// One record of an epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Record<'a> {
-    /// Deterministic position, usable as an idempotency key.
-    pub position: RecordPosition,
-    /// The record's bytes.
-    pub data: &'a [u8],
+impl Drop for Epoch {
+    fn drop(&mut self) {
+        for c in self.loaded.take().unwrap_or_default() {
+            self.reader.give_back(c.buf);
+        }
+    }
 }
 
-/// Iterator over the records of an [`Epoch`].
+/// A run of verified records of an [`Epoch`], in one buffer.
 #[derive(Debug)]
-pub struct Records<'a> {
-    epoch: &'a Epoch,
-    part: usize,
+pub struct Chunk {
+    buf: Bytes,
+    first: u64,
+    count: u64,
+    checkpoint: u64,
+    reader: Arc<Reader>,
+}
+
+impl Chunk {
+    /// The records of this chunk in order, each a slice of the chunk's buffer (no copy).
+    pub fn records(&self) -> ChunkRecords<'_> {
+        ChunkRecords {
+            chunk: self,
+            at: 0,
+            index: self.first,
+        }
+    }
+
+    /// Records in the chunk.
+    pub fn len(&self) -> u64 {
+        self.count
+    }
+
+    /// True for a chunk without records (never handed out).
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Index in the epoch of the chunk's first record.
+    pub fn first_index(&self) -> u64 {
+        self.first
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        self.reader.give_back(std::mem::take(&mut self.buf));
+    }
+}
+
+/// Iterator over the records of a [`Chunk`].
+#[derive(Debug)]
+pub struct ChunkRecords<'a> {
+    chunk: &'a Chunk,
     at: usize,
     index: u64,
 }
 
-impl<'a> Iterator for Records<'a> {
-    type Item = Record<'a>;
+impl Iterator for ChunkRecords<'_> {
+    type Item = Record;
 
-    fn next(&mut self) -> Option<Record<'a>> {
-        loop {
-            let (buffer, range) = self.epoch.parts.get(self.part)?;
-            let part = &self.epoch.buffers[*buffer][range.clone()];
-            match crate::format::peek_frame(part, self.at) {
-                Some(f) => {
-                    self.at += f.size;
-                    let position = RecordPosition {
-                        checkpoint: self.epoch.key.checkpoint,
-                        index: self.index,
-                    };
-                    self.index += 1;
-                    return Some(Record {
-                        position,
-                        data: f.payload,
-                    });
-                }
-                None => {
-                    self.part += 1;
-                    self.at = 0;
-                }
-            }
-        }
+    fn next(&mut self) -> Option<Record> {
+        let f = crate::format::peek_frame(&self.chunk.buf, self.at)?;
+        let start = self.at + crate::format::FRAME_HEADER_LEN;
+        let data = self.chunk.buf.slice(start..start + f.payload.len());
+        self.at += f.size;
+        let position = RecordPosition {
+            checkpoint: self.chunk.checkpoint,
+            index: self.index,
+        };
+        self.index += 1;
+        Some(Record { position, data })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = (self.epoch.records - self.index) as usize;
+        let left = (self.chunk.first + self.chunk.count - self.index) as usize;
         (left, Some(left))
+    }
+}
+
+#[derive(Debug)]
+enum ChunksState {
+    Loaded(usize),
+    Reading(Cursor),
+    Done,
+}
+
+/// Iterator over the chunks of an [`Epoch`]; see [`Epoch::chunks`].
+#[derive(Debug)]
+pub struct Chunks<'a> {
+    epoch: &'a Epoch,
+    state: ChunksState,
+}
+
+impl Iterator for Chunks<'_> {
+    type Item = crate::Result<Chunk>;
+
+    fn next(&mut self) -> Option<crate::Result<Chunk>> {
+        let reader = &self.epoch.reader;
+        let raw = match &mut self.state {
+            ChunksState::Done => return None,
+            ChunksState::Loaded(i) => {
+                let raw = self.epoch.loaded.as_ref()?.get(*i)?;
+                *i += 1;
+                RawChunk {
+                    buf: raw.buf.clone(),
+                    first: raw.first,
+                    count: raw.count,
+                }
+            }
+            ChunksState::Reading(cursor) => match reader.next_chunk(cursor) {
+                Ok(Some(raw)) => raw,
+                Ok(None) => {
+                    self.state = ChunksState::Done;
+                    return None;
+                }
+                Err(e) => {
+                    reader.note_failure(&e);
+                    self.state = ChunksState::Done;
+                    return Some(Err(e));
+                }
+            },
+        };
+        Some(Ok(Chunk {
+            buf: raw.buf,
+            first: raw.first,
+            count: raw.count,
+            checkpoint: self.epoch.key.checkpoint,
+            reader: reader.clone(),
+        }))
+    }
+}
+
+/// One record of an epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Deterministic position, usable as an idempotency key.
+    pub position: RecordPosition,
+    /// The record's bytes: a slice of the chunk buffer it was read into (no copy).
+    pub data: Bytes,
+}
+
+/// Iterator over the records of an [`Epoch`]; see [`Epoch::records`].
+#[derive(Debug)]
+pub struct Records<'a> {
+    chunks: Chunks<'a>,
+    current: Option<Chunk>,
+    at: usize,
+    index: u64,
+    failed: bool,
+}
+
+impl Iterator for Records<'_> {
+    type Item = crate::Result<Record>;
+
+    fn next(&mut self) -> Option<crate::Result<Record>> {
+        loop {
+            if let Some(c) = &self.current {
+                if let Some(f) = crate::format::peek_frame(&c.buf, self.at) {
+                    let start = self.at + crate::format::FRAME_HEADER_LEN;
+                    let data = c.buf.slice(start..start + f.payload.len());
+                    self.at += f.size;
+                    let index = self.index;
+                    self.index += 1;
+                    return Some(Ok(Record {
+                        position: RecordPosition {
+                            checkpoint: c.checkpoint,
+                            index,
+                        },
+                        data,
+                    }));
+                }
+                self.current = None;
+            }
+            if self.failed {
+                return None;
+            }
+            match self.chunks.next()? {
+                Ok(c) => {
+                    self.index = c.first;
+                    self.current = Some(c);
+                    self.at = 0;
+                }
+                Err(e) => {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+            }
+        }
     }
 }
 
@@ -196,6 +366,14 @@ impl SinkError {
     /// Retryable or permanent.
     pub fn class(&self) -> SinkErrorClass {
         self.class
+    }
+}
+
+/// A failure to read the epoch from the log, met while iterating it: retryable. The committer
+/// reports the log's own error in its place.
+impl From<crate::Error> for SinkError {
+    fn from(e: crate::Error) -> Self {
+        SinkError::retryable(format!("reading the epoch from the log failed: {e}")).with_source(e)
     }
 }
 

@@ -10,6 +10,7 @@ use crate::reader;
 use crate::recovery::{self, Event, IDENTITY_FILE};
 use crate::sink::{Epoch, EpochKey};
 use crate::storage::{self, Storage};
+use std::sync::Arc;
 
 /// One problem found by [`verify`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -287,10 +288,16 @@ impl DumpState {
 /// epoch to `f` with its checkpoint id (`None` for the unsealed tail) and state. Epochs whose
 /// first segments were already freed are skipped, and so are epochs whose segments a live
 /// writer frees while the dump runs.
+///
+/// Epochs are read in bounded chunks as `f` iterates them. A read failure (damage, or an I/O
+/// error) reaches `f` through the iterator and is also what `dump` returns, whatever `f` made
+/// of it.
 pub fn dump(
-    storage: &dyn Storage,
+    storage: Arc<dyn Storage>,
     mut f: impl FnMut(Option<u64>, DumpState, &Epoch) -> std::io::Result<()>,
 ) -> Result<()> {
+    let storage_arc = storage;
+    let storage: &dyn Storage = &*storage_arc;
     let names = storage
         .list()
         .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
@@ -315,7 +322,7 @@ pub fn dump(
         }
     };
     let voided = scan.voided(committed);
-    let pool = reader::BufferPool::default();
+    let pool = Arc::new(reader::BufferPool::default());
     for ev in &scan.events {
         let Event::Barrier(e) = ev else { continue };
         if e.partial {
@@ -327,7 +334,7 @@ pub fn dump(
             subtask,
             checkpoint: e.id,
         };
-        let epoch = match reader::load_epoch(storage, &pool, &info, key) {
+        let epoch = match reader::load_epoch(&storage_arc, &pool, reader::CHUNK, &info, key) {
             // A live writer freed its segment after the scan: it was committed meanwhile.
             Err(e) if vanished(&e) => continue,
             other => other?,
@@ -339,8 +346,13 @@ pub fn dump(
         } else {
             DumpState::Pending
         };
-        f(Some(e.id), state, &epoch).map_err(|e| Error::io("write the dump", e))?;
-        pool.give_back(epoch);
+        let written = f(Some(e.id), state, &epoch);
+        match epoch.reader.take_failure() {
+            // A live writer freed the segment while it was read: committed meanwhile.
+            Some(e) if vanished(&e) => continue,
+            Some(e) => return Err(e),
+            None => written.map_err(|e| Error::io("write the dump", e))?,
+        }
     }
     if scan.tail_records > 0 {
         let key = EpochKey {
@@ -348,8 +360,19 @@ pub fn dump(
             subtask,
             checkpoint: u64::MAX,
         };
-        let tail = reader::load_tail(storage, scan.cut, scan.valid_end, key)?;
-        f(None, DumpState::Unsealed, &tail).map_err(|e| Error::io("write the dump", e))?;
+        let tail = reader::load_tail(
+            &storage_arc,
+            scan.cut,
+            scan.valid_end,
+            scan.tail_records,
+            scan.tail_bytes,
+            key,
+        );
+        let written = f(None, DumpState::Unsealed, &tail);
+        if let Some(e) = tail.reader.take_failure() {
+            return Err(e);
+        }
+        written.map_err(|e| Error::io("write the dump", e))?;
     }
     Ok(())
 }
@@ -418,7 +441,8 @@ mod tests {
         assert_eq!(r.checkpoints.len(), 1);
         st.vanished.store(false, Ordering::SeqCst);
         let mut records = 0;
-        dump(&st, |_, _, e| {
+        let st: Arc<dyn Storage> = Arc::new(st);
+        dump(st, |_, _, e| {
             records += e.len();
             Ok(())
         })

@@ -57,7 +57,7 @@ pub(crate) struct Shared {
     pub delivering: std::sync::atomic::AtomicBool,
     open_bytes: AtomicU64,
     /// Read buffers reused between delivered epochs.
-    pub read_pool: crate::reader::BufferPool,
+    pub read_pool: Arc<crate::reader::BufferPool>,
     _lock: Box<dyn Send + Sync + std::fmt::Debug>,
 }
 

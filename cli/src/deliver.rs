@@ -127,7 +127,8 @@ impl Sink for StdoutSink {
         let mut out = std::io::BufWriter::new(out.lock());
         let r = (|| {
             for r in epoch.records() {
-                out.write_all(r.data)?;
+                let r = r.map_err(std::io::Error::other)?;
+                out.write_all(&r.data)?;
                 out.write_all(b"\n")?;
             }
             out.flush()

@@ -295,7 +295,7 @@ pub fn dump(args: &DumpArgs) -> CliResult<ExitCode> {
     let only = args.checkpoint;
     let mut found = only.is_none();
     let mut left = args.max_records.unwrap_or(u64::MAX);
-    walsink::dump(&st, |id, state, epoch| {
+    walsink::dump(std::sync::Arc::new(st), |id, state, epoch| {
         let in_range = match id {
             Some(c) => {
                 only.is_none_or(|o| o == c)
@@ -312,6 +312,7 @@ pub fn dump(args: &DumpArgs) -> CliResult<ExitCode> {
             if left == 0 {
                 break;
             }
+            let r = r.map_err(std::io::Error::other)?;
             left -= 1;
             dump_line(
                 &mut out,
@@ -319,7 +320,7 @@ pub fn dump(args: &DumpArgs) -> CliResult<ExitCode> {
                 id,
                 Some(r.position.index),
                 state.name(),
-                r.data,
+                &r.data,
             )?;
         }
         Ok(())

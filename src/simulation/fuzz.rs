@@ -116,9 +116,9 @@ pub fn check_recovery(data: &[u8]) {
         sim.put_file(name, bytes);
     }
     let _ = crate::verify(&sim);
-    let _ = crate::dump(&sim, |_, _, e| {
+    let _ = crate::dump(Arc::new(sim.clone()), |_, _, e| {
         for r in e.records() {
-            std::hint::black_box(r.data);
+            std::hint::black_box(r.map_err(std::io::Error::other)?.data);
         }
         Ok(())
     });

@@ -112,6 +112,8 @@ fn sim_options(rng: &mut fastrand::Rng) -> Options {
             max: Duration::from_millis(1),
         })
         .write_buffer_size(rng.usize(64..4096))
+        // Small chunks, so that epochs are read in several (frames cut at chunk ends).
+        .read_chunk_size(rng.usize(1024..8192))
         .salt_seed(rng.u64(..))
 }
 

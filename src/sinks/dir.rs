@@ -302,9 +302,16 @@ impl DirSink {
 
 impl Sink for DirSink {
     fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
-        let text = epoch
-            .records()
-            .all(|r| !r.data.contains(&b'\n') && std::str::from_utf8(r.data).is_ok());
+        // A first pass decides the format (the epoch is read again to write it).
+        let mut text = true;
+        'scan: for chunk in epoch.chunks() {
+            for r in chunk?.records() {
+                if r.data.contains(&b'\n') || std::str::from_utf8(&r.data).is_err() {
+                    text = false;
+                    break 'scan;
+                }
+            }
+        }
         let stem = Self::stem(epoch.key());
         if self.keep_metadata {
             // Durable before the epoch's file exists: whoever sees the file finds its metadata.
@@ -316,15 +323,16 @@ impl Sink for DirSink {
         let name = format!("{stem}.{}", if text { "txt" } else { "bin" });
         self.write_file(&name, |w| {
             for r in epoch.records() {
+                let r = r.map_err(io::Error::other)?;
                 if text {
-                    w.write_all(r.data)?;
+                    w.write_all(&r.data)?;
                     w.write_all(b"\n")?;
                 } else {
                     let len = u32::try_from(r.data.len()).map_err(|_| {
                         io::Error::new(io::ErrorKind::InvalidInput, "record over 4 GiB")
                     })?;
                     w.write_all(&len.to_le_bytes())?;
-                    w.write_all(r.data)?;
+                    w.write_all(&r.data)?;
                 }
             }
             Ok(())

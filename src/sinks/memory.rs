@@ -88,7 +88,10 @@ impl Sink for MemorySink {
             s.fail_next -= 1;
             return Err(SinkError::retryable("memory sink told to fail"));
         }
-        let records = epoch.records().map(|r| r.data.to_vec()).collect();
+        let records = epoch
+            .records()
+            .map(|r| r.map(|r| r.data.to_vec()))
+            .collect::<crate::Result<_>>()?;
         s.batches.push((epoch.key().clone(), records));
         Ok(())
     }

@@ -32,6 +32,10 @@ pub struct DirSink {
     /// The directory, for messages and [`DirSink::dir`].
     dir: PathBuf,
     keep_metadata: bool,
+    /// Makes each temporary file's name unique: a rename can then only move the file this
+    /// attempt wrote and synced, never a leftover of a failed one (whose contents were never
+    /// synced) that happens to carry the same name.
+    attempt: u64,
 }
 
 /// One epoch found in a directory sink's target by [`DirSink::committed`].
@@ -115,15 +119,21 @@ impl DirSink {
     /// A sink writing into the directory behind any [`Storage`] (the crash simulation gives it
     /// a simulated disk). Temporary files left by a crash are removed.
     pub fn with_storage(storage: Arc<dyn Storage>) -> io::Result<Self> {
+        let mut removed = false;
         for name in storage.list()? {
             if name.starts_with(TMP_PREFIX) {
                 storage.remove(&name)?;
+                removed = true;
             }
+        }
+        if removed {
+            storage.sync_dir()?;
         }
         Ok(DirSink {
             dir: PathBuf::from(storage.describe()),
             storage,
             keep_metadata: false,
+            attempt: fastrand::u64(..),
         })
     }
 
@@ -266,11 +276,12 @@ impl DirSink {
     /// Writes `name` in the directory through a synced temporary file and a rename (the
     /// directory is not synced here).
     fn write_file(
-        &self,
+        &mut self,
         name: &str,
         write: impl FnOnce(&mut dyn Write) -> io::Result<()>,
     ) -> Result<(), SinkError> {
-        let tmp = format!("{TMP_PREFIX}{name}");
+        self.attempt = self.attempt.wrapping_add(1);
+        let tmp = format!("{TMP_PREFIX}{name}.{:016x}", self.attempt);
         let f = self
             .storage
             .create(&tmp)
@@ -442,6 +453,34 @@ mod tests {
             process_only: false,
         });
         assert_eq!(records_in(&target), 2);
+    }
+
+    /// A delivery whose temporary file was never synced, then a new sink (which clears
+    /// leftovers) delivering again with a failing directory sync, then a power loss: the
+    /// epoch's name holds the whole epoch or nothing, never the unsynced leftover.
+    #[test]
+    fn a_leftover_temporary_file_never_ends_up_under_the_epochs_name() {
+        for seed in 0..64 {
+            let d = tempfile::tempdir().unwrap();
+            let wal = one_epoch(&d.path().join("wal"));
+            let target = SimStorage::new();
+            let sink = || DirSink::with_storage(Arc::new(target.clone())).unwrap();
+            target.inject_fault(FaultOp::SyncData, 0, io::ErrorKind::Other);
+            assert!(wal.deliver_ready(&mut sink()).is_err());
+            let mut again = sink();
+            target.inject_fault(FaultOp::SyncDir, 0, io::ErrorKind::Other);
+            assert!(wal.deliver_ready(&mut again).is_err());
+            target.crash(CrashOptions::power_loss(seed));
+            let got = records_in(&target);
+            assert!(got == 0 || got == 2, "seed {seed}: {got} records");
+            for (name, records) in DirSink::read_epochs_in(&target).unwrap() {
+                assert_eq!(
+                    records,
+                    vec![b"a".to_vec(), b"b".to_vec()],
+                    "seed {seed}: {name}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -169,7 +169,7 @@ impl fmt::Display for CorruptionReason {
                     "checksum mismatch (stored {expected:#010x}, computed {got:#010x})"
                 )
             }
-            Self::BadHeader => f.write_str("bad segment header"),
+            Self::BadHeader => f.write_str("bad header (magic, version, checksum or number)"),
             Self::BadLength { len } => write!(f, "frame length {len} exceeds the format's maximum"),
             Self::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
             Self::TornFrame => f.write_str("torn frame (ends past the end of the file)"),

@@ -360,7 +360,28 @@ pub struct Barrier<'a> {
 /// Fixed part of a barrier payload.
 pub const BARRIER_FIXED_LEN: usize = 5 * U64;
 
+/// The timestamp that marks a barrier as an id reservation, not a checkpoint: recovery
+/// writes one for the newest checkpoint id it had to drop, so that no later open hands the id
+/// out again. It seals no records and carries no metadata.
+pub const RESERVATION_TIMESTAMP: u64 = u64::MAX;
+
 impl<'a> Barrier<'a> {
+    /// A barrier that only reserves checkpoint id `checkpoint` (see [`RESERVATION_TIMESTAMP`]).
+    pub fn reservation(checkpoint: u64, durable_through: Position) -> Self {
+        Barrier {
+            checkpoint,
+            timestamp_ms: RESERVATION_TIMESTAMP,
+            records: 0,
+            durable_through,
+            metadata: &[],
+        }
+    }
+
+    /// True for an id reservation rather than a checkpoint.
+    pub fn is_reservation(&self) -> bool {
+        self.timestamp_ms == RESERVATION_TIMESTAMP && self.records == 0 && self.metadata.is_empty()
+    }
+
     /// The payload without metadata; the metadata follows it as a second part.
     pub fn encode_fixed(&self) -> [u8; BARRIER_FIXED_LEN] {
         let mut b = [0u8; BARRIER_FIXED_LEN];

@@ -59,7 +59,11 @@ impl ScannedEpoch {
 #[derive(Debug, Clone)]
 pub(crate) enum Event {
     Barrier(ScannedEpoch),
-    Restore { restored_to: Option<u64> },
+    Restore {
+        restored_to: Option<u64>,
+    },
+    /// An id reservation ([`format::RESERVATION_TIMESTAMP`]): not a checkpoint.
+    Reserve(u64),
 }
 
 /// Where the valid prefix ends, when it does not end cleanly.
@@ -111,6 +115,10 @@ pub(crate) struct Scan {
     pub barriers_after_damage: Vec<u64>,
     /// Highest segment number of any file seen (segments, free, damaged).
     pub max_seq_seen: u64,
+    /// The directory holds a commit mark (`COMMITTED`).
+    pub has_commit_mark: bool,
+    /// The directory holds an identity file (`WALSINK`).
+    pub has_identity: bool,
 }
 
 impl Scan {
@@ -121,6 +129,7 @@ impl Scan {
         for ev in &self.events {
             match ev {
                 Event::Barrier(e) => seen.push(e.id),
+                Event::Reserve(_) => {}
                 Event::Restore { restored_to } => {
                     voided.extend(seen.iter().copied().filter(|&id| {
                         restored_to.is_none_or(|t| id > t) && committed.is_none_or(|c| id > c)
@@ -159,7 +168,11 @@ pub(crate) fn scan(storage: &dyn Storage) -> Result<Scan> {
                 scan.max_seq_seen = scan.max_seq_seen.max(seq);
             }
             scan.leftovers.push(name);
-        } else if ![IDENTITY_FILE, COMMIT_FILE, LOCK_FILE].contains(&name.as_str()) {
+        } else if name == COMMIT_FILE {
+            scan.has_commit_mark = true;
+        } else if name == IDENTITY_FILE {
+            scan.has_identity = true;
+        } else if name != LOCK_FILE {
             scan.unexpected.push(name);
         }
     }
@@ -205,6 +218,24 @@ fn free_holds_its_own_frames(storage: &dyn Storage, seq: u64) -> Result<bool> {
 /// Walks frames from the first segment until the valid prefix ends.
 fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
     let Some(&first) = scan.segments.first() else {
+        // No segment at all, in a log that exists (its identity file is there): its first open
+        // was cut short before the first segment's name was durable, or every segment was
+        // lost. The two cannot be told apart, so it is reported as a torn tail ("unwritten":
+        // even strict recovery accepts it, as nothing may have been written).
+        if scan.has_identity
+            || scan.has_commit_mark
+            || !scan.free.is_empty()
+            || !scan.leftovers.is_empty()
+        {
+            let seq = scan.max_seq_seen + 1;
+            set_damage(
+                scan,
+                Position { seq, offset: 0 },
+                format::segment_name(seq),
+                0,
+                CorruptionReason::Unwritten,
+            );
+        }
         return Ok(());
     };
     scan.cut = Position::segment_start(first);
@@ -277,6 +308,14 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
             scan.valid_end = pos;
             let frame = match seg.frame(seed, at as u64)? {
                 Ok(f) => f,
+                Err(FrameError::Zero) if last && at as u64 >= seg.len() => {
+                    // The file ends right after a frame. Segments are created at their full
+                    // size and roll with room left for a segment end, so this file was cut
+                    // short: what stood after this point is lost, and it is reported.
+                    set_damage(scan, pos, name, at as u64, CorruptionReason::TornFrame);
+                    finish_tail(scan, records, bytes);
+                    return Ok(());
+                }
                 Err(FrameError::Zero) if last => {
                     finish_tail(scan, records, bytes);
                     return Ok(());
@@ -323,17 +362,21 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                         };
                         return Err(Error::corruption(name, at as u64, reason));
                     }
-                    scan.events.push(Event::Barrier(ScannedEpoch {
-                        id: b.checkpoint,
-                        timestamp_ms: b.timestamp_ms,
-                        metadata: Bytes::copy_from_slice(b.metadata),
-                        records: b.records,
-                        bytes,
-                        start: epoch_start.unwrap_or(pos),
-                        barrier: pos,
-                        partial: b.records != records,
-                        found: records,
-                    }));
+                    if b.is_reservation() && records == 0 {
+                        scan.events.push(Event::Reserve(b.checkpoint));
+                    } else {
+                        scan.events.push(Event::Barrier(ScannedEpoch {
+                            id: b.checkpoint,
+                            timestamp_ms: b.timestamp_ms,
+                            metadata: Bytes::copy_from_slice(b.metadata),
+                            records: b.records,
+                            bytes,
+                            start: epoch_start.unwrap_or(pos),
+                            barrier: pos,
+                            partial: b.records != records,
+                            found: records,
+                        }));
+                    }
                     (records, bytes, epoch_start, first_epoch) = (0, 0, None, false);
                     scan.tail_frame_bytes = 0;
                     scan.cut = next;
@@ -367,6 +410,22 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
         }
         expect = seq + 1;
         if last {
+            // The newest segment ends with a segment end, so the log went on in a segment
+            // that is not there: its name was never made durable (a crash during a roll), or
+            // it was lost. Either way it is reported as a torn tail.
+            let next = Position::segment_start(seq + 1);
+            if scan.valid_end == next {
+                set_damage(
+                    scan,
+                    Position {
+                        seq: seq + 1,
+                        offset: 0,
+                    },
+                    format::segment_name(seq + 1),
+                    0,
+                    CorruptionReason::MissingSegment { seq: seq + 1 },
+                );
+            }
             finish_tail(scan, records, bytes);
         }
     }

@@ -68,8 +68,13 @@ pub(crate) fn recover(
     storage: &dyn Storage,
     options: &Options,
     committed: Option<u64>,
+    fresh: bool,
 ) -> Result<Recovered> {
-    let scan = recovery::scan(storage)?;
+    let mut scan = recovery::scan(storage)?;
+    if fresh && scan.segments.is_empty() {
+        // This open created the log: no segment is missing.
+        scan.damage = None;
+    }
     let mut report = decide(&scan, options.recovery_mode, committed)?;
     let (cat, min_next_id) = rebuild_catalog(&scan, committed, options.mode, &mut report)?;
     let keep = repair(storage, &scan, &mut report)?;
@@ -161,6 +166,7 @@ fn rebuild_catalog(
                     cat.seal(e.info());
                 }
             }
+            Event::Reserve(id) => at_least(*id),
             Event::Restore { restored_to } => {
                 barriers.retain(|(id, _, _)| {
                     restored_to.is_some_and(|t| *id <= t) || committed.is_some_and(|c| *id <= c)

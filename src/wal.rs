@@ -129,7 +129,7 @@ impl WalSink {
     ) -> Result<(Self, RecoveryReport)> {
         options.sanitize()?;
         let lock = take_lock(&*storage)?;
-        check_identity(&*storage, &options)?;
+        let fresh = check_identity(&*storage, &options)?;
         let mut committed = store.last_committed(&options.sink_id, options.subtask)?;
         let floor = if store.survives_restart() {
             None
@@ -146,7 +146,7 @@ impl WalSink {
             next_seq,
             mut keep,
             mut free,
-        } = repair::recover(&*storage, &options, committed)?;
+        } = repair::recover(&*storage, &options, committed, fresh)?;
         // Start a fresh segment for new frames, right after the cut so segment numbers stay
         // contiguous. Any earlier file with that number was removed durably during recovery,
         // and its frames (or stale ones in a recycled file) never verify under the new salt.
@@ -193,6 +193,7 @@ impl WalSink {
             .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
         let mut seg = seg;
         seg.dir_synced();
+        let synced = reserve_dropped_ids(&*storage, &mut seg, &report)?;
         keep.push(next_seq);
         cat.segments = keep.into_iter().collect();
         cat.free = free;
@@ -203,10 +204,7 @@ impl WalSink {
 
         let writer = Writer {
             seg,
-            synced: Position {
-                seq: next_seq,
-                offset: 0,
-            },
+            synced,
             sync_in_flight: false,
             poisoned: None,
             min_next_id,
@@ -458,6 +456,46 @@ impl Drop for WalSink {
     }
 }
 
+/// Recovery dropped checkpoints whose barriers it could still read (after damage, in any
+/// mode), and their segments are gone or set aside now. So that no later open hands out those
+/// ids again (a target keeping its own marker may hold their epochs), the newest of them is
+/// reserved: an id-reservation barrier (`docs/design.md`, "Recovery") goes into the new
+/// segment and is made durable before `open` returns. Returns the position everything before
+/// is durable up to.
+fn reserve_dropped_ids(
+    storage: &dyn Storage,
+    seg: &mut SegmentWriter,
+    report: &RecoveryReport,
+) -> Result<Position> {
+    let start = Position {
+        seq: seg.seq(),
+        offset: 0,
+    };
+    // Ids at or below the commit mark can never be handed out again anyway.
+    let Some(&id) = report
+        .checkpoints_dropped
+        .iter()
+        .filter(|&&id| report.committed.is_none_or(|c| id > c))
+        .max()
+    else {
+        return Ok(start);
+    };
+    let io = |e| {
+        Error::io(
+            format!("write segment {}", format::segment_name(start.seq)),
+            e,
+        )
+    };
+    let reservation = format::Barrier::reservation(id, start);
+    seg.append(FrameKind::Barrier, &[&reservation.encode_fixed()])
+        .map_err(io)?;
+    seg.take_sync_set()
+        .map_err(io)?
+        .sync(storage)
+        .map_err(|(context, e)| Error::io(context, e))?;
+    Ok(seg.position())
+}
+
 /// Takes the directory lock. A lock released a moment ago can still look held while a child
 /// process forked by any thread has not yet exec'd (it shares the lock file's description), so
 /// a busy lock is retried for up to 100 ms before it is reported as `Locked`.
@@ -488,7 +526,9 @@ fn check_poison(w: &Writer) -> Result<()> {
     }
 }
 
-fn check_identity(storage: &dyn Storage, options: &Options) -> Result<()> {
+/// Checks (or, for a new log, writes) the identity file. Returns true when this call created
+/// the log.
+fn check_identity(storage: &dyn Storage, options: &Options) -> Result<bool> {
     let names = storage
         .list()
         .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
@@ -516,7 +556,7 @@ fn check_identity(storage: &dyn Storage, options: &Options) -> Result<()> {
             }
             .into());
         }
-        return Ok(());
+        return Ok(false);
     }
     if names
         .iter()
@@ -540,7 +580,8 @@ fn check_identity(storage: &dyn Storage, options: &Options) -> Result<()> {
         IDENTITY_FILE,
         &format::encode_identity(&options.sink_id, options.subtask),
     )
-    .map_err(|e| Error::io("write the identity file", e))
+    .map_err(|e| Error::io("write the identity file", e))?;
+    Ok(true)
 }
 
 impl Shared {

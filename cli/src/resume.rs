@@ -159,11 +159,15 @@ pub fn decide(
                     ))
                 }
                 // The log lost the metadata of its checkpoints (repair --force dropped them)
-                // but its commit store shows it delivered: the target's epochs are its own.
-                None if report.committed.is_some() => log_id = Some(owner.clone()),
+                // but its commit store shows it delivered, or it has used checkpoint ids up to
+                // the target's newest (walsink never hands out an id again, even one repair
+                // dropped): the target's epochs are its own.
+                None if report.committed.is_some() || report.next_checkpoint_id > *last => {
+                    log_id = Some(owner.clone())
+                }
                 None => {
                     return Err(format!(
-                        "the sink directory {out} already holds checkpoints {first}..={last} of sink id {sink_id:?} from log {owner}, and the log {wal} is new (was the old log deleted to start over?); its checkpoints would be skipped as already delivered. Use an empty sink directory for a new log, or another --sink-id"
+                        "the sink directory {out} already holds checkpoints {first}..={last} of sink id {sink_id:?} from log {owner}, and the log {wal} holds no checkpoint (it is new: was the old log deleted to start over?); its checkpoints would be skipped as already delivered. Use an empty sink directory for a new log, or another --sink-id"
                     ))
                 }
             }

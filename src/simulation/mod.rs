@@ -12,8 +12,8 @@
 //!   power-loss (or process-kill) image and recovery, which may itself be killed;
 //! - failed syncs (data or directory): the log is poisoned, delivery and clean-up go on while a
 //!   restore or checkpoint is not durable, then the machine loses power;
-//! - damage a crash cannot leave but a disk can: a newest segment lost or without its header,
-//!   a bit flipped in a segment header or in synced data; recovery then runs in the default
+//! - damage a crash cannot leave but a disk can: a newest segment deleted, emptied, cut short
+//!   or without its header, a bit flipped in a segment header or in synced data; recovery then runs in the default
 //!   mode and, if it refuses, in the lenient one, and the workload goes on after it;
 //! - per seed: small segments with or without recycling; a sink with or without its own
 //!   marker, or the real [`DirSink`](crate::DirSink) on a simulated disk of its own, whose
@@ -85,9 +85,10 @@ pub enum Op {
     /// `(n / 2) % 3`-th next one. The process goes on with a poisoned log until it reopens
     /// after a power loss.
     FailSync(u8),
-    /// Power loss, then damage to the disk (`kind` mod 4: the newest segment's header zeroed,
+    /// Power loss, then damage to the disk (`kind` mod 6: the newest segment's header zeroed,
     /// the newest segment emptied, a bit flipped in a segment header, a bit flipped in synced
-    /// data; `at` chooses where), then recovery.
+    /// data, the newest segment deleted, the newest segment cut short at an 8-aligned offset;
+    /// `at` chooses where), then recovery.
     Damage {
         /// What is damaged.
         kind: u8,

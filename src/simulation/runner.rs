@@ -98,6 +98,8 @@ pub(super) struct Run {
     aside: BTreeMap<String, Vec<u8>>,
     /// Injected faults not yet hit when the current operation began.
     faults_before: usize,
+    /// Highest checkpoint id any recovery reported as dropped: no later open may hand it out.
+    dropped_ever: Option<u64>,
 }
 
 fn sim_options(rng: &mut fastrand::Rng) -> Options {
@@ -149,6 +151,7 @@ impl Run {
             order_from: 0,
             aside: BTreeMap::new(),
             faults_before: 0,
+            dropped_ever: None,
         }
     }
 
@@ -321,12 +324,22 @@ impl Run {
                 )));
             }
         }
-        // Ids are never reused: not those recovery saw, nor those it dropped.
+        // Ids are never reused: not those recovery saw, nor those it (or an earlier recovery)
+        // dropped. New damage may destroy what recorded the earlier ones; then only this
+        // recovery's count.
+        let earlier = if damaged { None } else { self.dropped_ever };
+        self.dropped_ever = report
+            .checkpoints_dropped
+            .iter()
+            .copied()
+            .chain(earlier)
+            .max();
         let seen = report
             .checkpoints_dropped
             .iter()
             .chain(&report.pending)
             .chain(committed.iter())
+            .chain(self.dropped_ever.iter())
             .copied()
             .max();
         if let Some(max) = seen {
@@ -725,7 +738,13 @@ impl Run {
         };
         let header = crate::format::SEGMENT_HEADER_LEN;
         let at = at as usize;
-        let (name, mut bytes) = match kind % 4 {
+        if kind % 6 == 4 {
+            // The newest segment is gone altogether.
+            use crate::storage::Storage;
+            let gone = self.sim.remove(newest).and_then(|_| self.sim.sync_dir());
+            return gone.is_ok();
+        }
+        let (name, mut bytes) = match kind % 6 {
             0 => {
                 let mut b = files[newest].clone();
                 let n = b.len().min(header);
@@ -741,13 +760,20 @@ impl Run {
                 }
                 (name, b)
             }
+            5 => {
+                // The newest segment cut short at an 8-aligned offset (often a frame's end).
+                let mut b = files[newest].clone();
+                let end = b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
+                b.truncate((at % (end + 1)) & !7);
+                (newest.clone(), b)
+            }
             _ => {
                 let name = segs[at % segs.len()].clone();
                 let b = files[&name].clone();
                 (name, b)
             }
         };
-        if kind % 4 == 3 {
+        if kind % 6 == 3 {
             let end = bytes.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
             if end <= header {
                 return false;

@@ -1,7 +1,7 @@
 //! Options of a log, each with its documented default, and their validation.
 
 use crate::error::{Error, Result};
-use crate::format::{frame_size, BARRIER_FIXED_LEN, SEGMENT_END_RESERVE, SEGMENT_HEADER_LEN};
+use crate::log::format::{frame_size, BARRIER_FIXED_LEN, SEGMENT_END_RESERVE, SEGMENT_HEADER_LEN};
 use std::time::Duration;
 
 /// How [`WalSink::open`](crate::WalSink::open) treats damage found in the log.
@@ -241,12 +241,13 @@ impl Options {
     /// Checks every option and returns a typed error naming the first bad one.
     pub fn sanitize(&self) -> Result<()> {
         validate_sink_id(&self.sink_id)?;
-        if self.max_record_size == 0 || self.max_record_size > 1 << 30 {
+        if self.max_record_size == 0 || self.max_record_size > crate::log::format::MAX_RECORD_LIMIT
+        {
             return Err(Error::config(
                 "max_record_size must be between 1 byte and 1 GiB",
             ));
         }
-        if self.max_metadata_size > 16 << 20 {
+        if self.max_metadata_size > crate::log::format::MAX_METADATA_LIMIT {
             return Err(Error::config("max_metadata_size must be at most 16 MiB"));
         }
         let largest = frame_size(

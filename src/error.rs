@@ -28,14 +28,7 @@ pub enum ErrorKind {
     /// verifies. Open fails with this unless [`RecoveryMode::TruncateAtCorruption`] is chosen.
     ///
     /// [`RecoveryMode::TruncateAtCorruption`]: crate::RecoveryMode::TruncateAtCorruption
-    Corruption {
-        /// File name of the damaged segment (or other file) inside the log directory.
-        segment: String,
-        /// Byte offset of the damage inside that file.
-        offset: u64,
-        /// What is wrong at that offset.
-        reason: CorruptionReason,
-    },
+    Corruption(Damage),
     /// A file was written by a format version this build cannot read.
     UnsupportedVersion {
         /// The file with the unknown version.
@@ -47,7 +40,7 @@ pub enum ErrorKind {
     },
     /// The sink returned an error (the committer retries it; the embedder sees it through
     /// [`Health::last_error`](crate::Health::last_error) or from a synchronous delivery call).
-    Sink(crate::SinkError),
+    Sink(SinkError),
     /// The commit store failed to answer or to record a commit.
     CommitStore {
         /// What the commit store was asked to do.
@@ -130,7 +123,7 @@ pub enum CorruptionReason {
     /// A segment header with bad magic bytes, a bad checksum, or a sequence number that does not
     /// match the file name.
     BadHeader,
-    /// A frame length above the format's maximum ([`MAX_PAYLOAD`](crate::format::MAX_PAYLOAD)).
+    /// A frame length above the format's maximum ([`MAX_PAYLOAD`](crate::log::format::MAX_PAYLOAD)).
     BadLength {
         /// The length field.
         len: u64,
@@ -229,11 +222,7 @@ impl Error {
                 context.clone(),
                 io::Error::new(source.kind(), source.to_string()),
             ),
-            ErrorKind::Corruption {
-                segment,
-                offset,
-                reason,
-            } => Error::corruption(segment.clone(), *offset, reason.clone()),
+            ErrorKind::Corruption(d) => ErrorKind::Corruption(d.clone()).into(),
             _ => Error::invalid_op(self.to_string()),
         }
     }
@@ -251,11 +240,11 @@ impl Error {
         offset: u64,
         reason: CorruptionReason,
     ) -> Self {
-        ErrorKind::Corruption {
+        ErrorKind::Corruption(Damage {
             segment: segment.into(),
             offset,
             reason,
-        }
+        })
         .into()
     }
 
@@ -308,11 +297,11 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &*self.0 {
             ErrorKind::Io { context, source } => write!(f, "I/O error while trying to {context}: {source}"),
-            ErrorKind::Corruption {
+            ErrorKind::Corruption(Damage {
                 segment,
                 offset,
                 reason,
-            } => write!(
+            }) => write!(
                 f,
                 "corruption in {segment} at offset {offset}: {reason}; run `walsink verify` for a \
                  full report, or open with RecoveryMode::TruncateAtCorruption to keep the valid prefix"
@@ -386,6 +375,100 @@ impl std::error::Error for Error {
             ErrorKind::CommitStore { source, .. } => Some(&**source),
             _ => None,
         }
+    }
+}
+
+/// Where damage is: a file of the log directory, a byte offset in it, and what is wrong
+/// there. Shared by [`ErrorKind::Corruption`], the recovery report and `verify`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// File name of the segment.
+    pub segment: String,
+    /// Byte offset in it.
+    pub offset: u64,
+    /// What is wrong.
+    pub reason: CorruptionReason,
+}
+
+/// How the committer should treat a sink error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkErrorClass {
+    /// A passing failure (timeout, connection refused): retry with exponential backoff.
+    Retryable,
+    /// A failure that retrying is unlikely to fix (bad credentials, missing table): retried at
+    /// the longest backoff so an operator can fix the target; never skipped.
+    Permanent,
+}
+
+/// An error returned by a [`Sink`](crate::Sink).
+#[derive(Debug)]
+pub struct SinkError {
+    class: SinkErrorClass,
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl SinkError {
+    /// A retryable error.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        SinkError {
+            class: SinkErrorClass::Retryable,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A permanent error.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        SinkError {
+            class: SinkErrorClass::Permanent,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying error.
+    pub fn with_source(
+        mut self,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// Retryable or permanent.
+    pub fn class(&self) -> SinkErrorClass {
+        self.class
+    }
+}
+
+/// A failure to read the epoch from the log, met while iterating it: retryable. The committer
+/// reports the log's own error in its place.
+impl From<crate::Error> for SinkError {
+    fn from(e: crate::Error) -> Self {
+        SinkError::retryable(format!("reading the epoch from the log failed: {e}")).with_source(e)
+    }
+}
+
+impl From<std::io::Error> for SinkError {
+    fn from(e: std::io::Error) -> Self {
+        SinkError::retryable(e.to_string()).with_source(e)
+    }
+}
+
+impl fmt::Display for SinkError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let class = match self.class {
+            SinkErrorClass::Retryable => "retryable",
+            SinkErrorClass::Permanent => "permanent",
+        };
+        write!(f, "{} ({class})", self.message)
+    }
+}
+
+impl std::error::Error for SinkError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as _)
     }
 }
 

@@ -2,37 +2,30 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod checkpoint;
-mod commit_store;
-mod committer;
 mod config;
+mod delivery;
 mod error;
-pub mod format;
-mod reader;
-mod recovery;
-mod repair;
-mod segment;
+mod log;
+#[cfg(feature = "simulation")]
 pub mod simulation;
-mod sink;
 pub mod sinks;
 pub mod storage;
-mod verify;
 mod wal;
-mod window;
 
-pub use checkpoint::{CheckpointState, Health, PendingCheckpoint};
-pub use commit_store::{CommitStore, LocalCommitStore, MemoryCommitStore};
-#[cfg(feature = "failpoints")]
-pub use committer::fail;
-pub use committer::Committer;
 pub use config::{validate_sink_id, FullPolicy, Mode, Options, RecoveryMode, RetryPolicy};
-pub use error::{CorruptionReason, Error, ErrorKind, Result};
-pub use recovery::Damage;
-pub use repair::RecoveryReport;
-pub use sink::{
-    Chunk, ChunkRecords, Chunks, Epoch, EpochKey, Record, RecordPosition, Records, Sink, SinkError,
-    SinkErrorClass,
+pub use delivery::catalog::{CheckpointState, Health, PendingCheckpoint};
+pub use delivery::commit_store::{CommitStore, LocalCommitStore, MemoryCommitStore};
+#[cfg(feature = "failpoints")]
+pub use delivery::committer::fail;
+pub use delivery::committer::Committer;
+pub use delivery::sink::{
+    Chunk, ChunkRecords, Chunks, Epoch, EpochKey, Record, RecordPosition, Records, Sink,
+};
+pub use error::{CorruptionReason, Damage, Error, ErrorKind, Result, SinkError, SinkErrorClass};
+pub use log::format;
+pub use log::recover::RecoveryReport;
+pub use log::verify::{
+    dump, verify, CheckpointSummary, DumpState, Problem, ProblemKind, VerifyReport,
 };
 pub use sinks::{DirSink, MemorySink};
-pub use verify::{dump, verify, CheckpointSummary, DumpState, Problem, VerifyReport};
 pub use wal::WalSink;

@@ -107,7 +107,7 @@ fn check_reopen(
     };
     match res {
         Err(e) => match e.kind() {
-            ErrorKind::Corruption { .. } | ErrorKind::UnsupportedVersion { .. } => Ok(None),
+            ErrorKind::Corruption(_) | ErrorKind::UnsupportedVersion { .. } => Ok(None),
             other => Err(format!(
                 "{label}: open failed with non-corruption error {other:?}"
             )),
@@ -543,7 +543,7 @@ fn probe_older_segment_corruption_default_then_lenient_reports_dropped() {
     assert!(!verify_ok(&dir), "verify calls corrupted log clean");
     let before: BTreeMap<String, Vec<u8>> = files_with_suffix(&dir, "");
     match WalSink::open(&dir, opts()) {
-        Err(e) => assert!(matches!(e.kind(), ErrorKind::Corruption { .. }), "{e:?}"),
+        Err(e) => assert!(matches!(e.kind(), ErrorKind::Corruption(_)), "{e:?}"),
         Ok((_, r)) => panic!("default mode accepted corruption: {r:?}"),
     }
     let after: BTreeMap<String, Vec<u8>> = files_with_suffix(&dir, "");

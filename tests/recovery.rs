@@ -103,11 +103,11 @@ fn flipped_byte_in_an_older_segment_is_corruption_with_its_location() {
     fs::write(victim, &bytes).unwrap();
     let e = WalSink::open(dir.path(), small()).unwrap_err();
     match e.kind() {
-        ErrorKind::Corruption {
+        ErrorKind::Corruption(walsink::Damage {
             segment,
             offset,
             reason,
-        } => {
+        }) => {
             assert_eq!(segment, victim.file_name().unwrap().to_str().unwrap());
             // The damaged frame starts at or before the flipped byte.
             assert!(*offset <= at as u64 && *offset >= format::SEGMENT_HEADER_LEN as u64);
@@ -258,7 +258,7 @@ fn random_bytes_as_segments_never_panic() {
             Err(e) => assert!(
                 matches!(
                     e.kind(),
-                    ErrorKind::Corruption { .. } | ErrorKind::UnsupportedVersion { .. }
+                    ErrorKind::Corruption(_) | ErrorKind::UnsupportedVersion { .. }
                 ),
                 "{e}"
             ),
@@ -302,7 +302,7 @@ fn not_a_log_and_missing_identity_are_refused() {
     write_log(dir.path(), small());
     fs::remove_file(dir.path().join("WALSINK")).unwrap();
     let e = WalSink::open(dir.path(), small()).unwrap_err();
-    assert!(matches!(e.kind(), ErrorKind::Corruption { .. }), "{e}");
+    assert!(matches!(e.kind(), ErrorKind::Corruption(_)), "{e}");
 }
 
 #[test]

@@ -115,11 +115,11 @@ fn main() -> ExitCode {
 /// An error's message in the CLI's words: corruption advice names the command that fixes it.
 fn explain(e: &(dyn std::error::Error + 'static)) -> String {
     if let Some(w) = e.downcast_ref::<walsink::Error>() {
-        if let walsink::ErrorKind::Corruption {
+        if let walsink::ErrorKind::Corruption(walsink::Damage {
             segment,
             offset,
             reason,
-        } = w.kind()
+        }) = w.kind()
         {
             return format!(
                 "corruption in {segment} at offset {offset}: {reason}. `walsink verify DIR` lists the damage; `walsink repair --force DIR` keeps the valid prefix and sets the damaged part aside"

@@ -187,11 +187,11 @@ fn is_log(dir: &Path) -> bool {
 /// The CLI's words for an error from opening the log.
 fn explain_open(e: walsink::Error, wal: &Path) -> Box<dyn std::error::Error> {
     match e.kind() {
-        ErrorKind::Corruption {
+        ErrorKind::Corruption(walsink::Damage {
             segment,
             offset,
             reason,
-        } => format!(
+        }) => format!(
             "the log {} is corrupted: {segment} at offset {offset}: {reason}. `walsink verify {0}` lists the damage; `walsink repair --force {0}` keeps the valid prefix and sets the damaged part aside (its checkpoints are dropped)",
             wal.display()
         )

@@ -85,7 +85,7 @@ fn report_json(r: &VerifyReport) -> Value {
             "metadata": String::from_utf8_lossy(&c.metadata),
         })).collect::<Vec<_>>(),
         "problems": r.problems.iter().map(|p| json!({
-            "segment": p.segment, "offset": p.offset, "kind": p.kind, "detail": p.detail,
+            "segment": p.segment, "offset": p.offset, "kind": p.kind.name(), "detail": p.detail,
         })).collect::<Vec<_>>(),
     })
 }
@@ -555,19 +555,19 @@ pub fn repair(dir: &Path, force: bool, committed: Option<u64>, json: bool) -> Cl
     let opts = Options::new(&sink_id).subtask(subtask).create(false);
     let report = match WalSink::open(dir, opts.clone()) {
         Ok((_, report)) => report,
-        Err(e) if matches!(e.kind(), ErrorKind::Corruption { .. }) && !force => {
-            if let ErrorKind::Corruption {
+        Err(e) if matches!(e.kind(), ErrorKind::Corruption(_)) && !force => {
+            if let ErrorKind::Corruption(walsink::Damage {
                 segment,
                 offset,
                 reason,
-            } = e.kind()
+            }) = e.kind()
             {
                 eprintln!("corruption in {segment} at offset {offset}: {reason}");
             }
             eprintln!("refusing to cut synced data; re-run with --force to keep the valid prefix and move the damaged segments aside (their checkpoints are dropped)");
             return Ok(ExitCode::from(1));
         }
-        Err(e) if matches!(e.kind(), ErrorKind::Corruption { .. }) => {
+        Err(e) if matches!(e.kind(), ErrorKind::Corruption(_)) => {
             let (_, report) =
                 WalSink::open(dir, opts.recovery_mode(RecoveryMode::TruncateAtCorruption))?;
             report

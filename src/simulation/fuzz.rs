@@ -11,7 +11,7 @@ use std::sync::Arc;
 /// Fuzz target logic: decodes arbitrary bytes as segment headers, frames at every offset,
 /// control payloads and small files. Must never panic or allocate from a length field.
 pub fn check_decode(data: &[u8]) {
-    use crate::format;
+    use crate::log::format;
     let seq = data.first().copied().unwrap_or(0) as u64;
     let seed = format::Seed { seq, salt: 7 };
     let _ = format::decode_segment_header(data, seq);

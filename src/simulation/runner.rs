@@ -217,7 +217,7 @@ impl Run {
         let (wal, report) = match self.open_wal(RecoveryMode::TolerateTornTail) {
             Ok(x) => x,
             Err(_) if self.sim.is_dead() => return Err(Halt::Died),
-            Err(e) if damaged && matches!(e.kind(), ErrorKind::Corruption { .. }) => {
+            Err(e) if damaged && matches!(e.kind(), ErrorKind::Corruption(_)) => {
                 self.stats.lenient_recoveries += 1;
                 match self.open_wal(RecoveryMode::TruncateAtCorruption) {
                     Ok(x) => x,
@@ -731,12 +731,12 @@ impl Run {
         let files = self.sim.snapshot();
         let segs: Vec<&String> = files
             .keys()
-            .filter(|n| crate::format::parse_numbered(n, "wseg").is_some())
+            .filter(|n| crate::log::format::parse_numbered(n, "wseg").is_some())
             .collect();
         let Some(&newest) = segs.last() else {
             return false;
         };
-        let header = crate::format::SEGMENT_HEADER_LEN;
+        let header = crate::log::format::SEGMENT_HEADER_LEN;
         let at = at as usize;
         if kind % 6 == 4 {
             // The newest segment is gone altogether.

@@ -4,8 +4,8 @@
 //! can run it on a simulated disk of its own and lose, after a power loss, whatever it did
 //! not make durable.
 
-use crate::sink::{Epoch, EpochKey, Sink, SinkError};
 use crate::storage::{self, FsStorage, Storage, StorageFile};
+use crate::{Epoch, EpochKey, Sink, SinkError};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

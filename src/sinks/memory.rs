@@ -1,6 +1,6 @@
 //! An in-memory sink for tests and examples.
 
-use crate::sink::{Epoch, EpochKey, Sink, SinkError};
+use crate::{Epoch, EpochKey, Sink, SinkError};
 use parking_lot::Mutex;
 use std::sync::Arc;
 

@@ -111,7 +111,7 @@ pub(crate) fn read_all(file: &dyn StorageFile) -> io::Result<Vec<u8>> {
 /// Replaces `name` atomically with `data`: write a temporary file, sync it, rename it over
 /// `name`, sync the directory. Two data/dir syncs; a crash leaves either the old or the new file.
 pub(crate) fn replace_file(storage: &dyn Storage, name: &str, data: &[u8]) -> io::Result<()> {
-    let tmp = format!("{name}.tmp");
+    let tmp = format!("{name}{}", crate::log::layout::TMP_SUFFIX);
     let f = storage.create(&tmp)?;
     f.write_at(0, data)?;
     f.sync_data()?;

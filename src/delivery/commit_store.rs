@@ -5,8 +5,8 @@
 //! sink and subtask is in the target, and none above it was committed out of order.
 
 use crate::error::{Error, Result};
-use crate::format;
-use crate::recovery::COMMIT_FILE;
+use crate::log::format;
+use crate::log::layout::COMMIT_FILE;
 use crate::storage::{self, Storage};
 use std::sync::Arc;
 

@@ -3,14 +3,14 @@
 //! Locking: `Shared::w` (the writer) is always taken before `Shared::cat` (the catalog) when
 //! both are needed; syncs run with neither held, so appends continue during a sync.
 
-use crate::checkpoint::{now_ms, Catalog, EpochInfo, Health, PendingCheckpoint};
-use crate::commit_store::{CommitStore, LocalCommitStore};
 use crate::config::{FullPolicy, Mode, Options};
+use crate::delivery::catalog::{now_ms, Catalog, EpochInfo, Health, PendingCheckpoint};
+use crate::delivery::commit_store::{CommitStore, LocalCommitStore};
 use crate::error::{CorruptionReason, Error, ErrorKind, Result};
-use crate::format::{self, FrameKind, Position};
-use crate::recovery::IDENTITY_FILE;
-use crate::repair::{self, Recovered, RecoveryReport};
-use crate::segment::{NewSegment, SegmentWriter};
+use crate::log::format::{self, FrameKind, Position};
+use crate::log::layout::IDENTITY_FILE;
+use crate::log::recover::{self, Recovered, RecoveryReport};
+use crate::log::segment::{NewSegment, SegmentWriter};
 use crate::storage::{self, FsStorage, Storage};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::path::Path;
@@ -52,12 +52,12 @@ pub(crate) struct Shared {
     floor: Option<Mutex<LocalCommitStore>>,
     /// Epochs delivered but not yet marked, kept between `deliver_ready` calls and committer
     /// runs so that only a crash can make an epoch go out twice.
-    pub delivery: Mutex<crate::committer::Delivery>,
+    pub delivery: Mutex<crate::delivery::committer::Delivery>,
     /// Set while someone delivers (a committer thread or `deliver_ready`): one at a time.
     pub delivering: std::sync::atomic::AtomicBool,
     open_bytes: AtomicU64,
     /// Read buffers reused between delivered epochs.
-    pub read_pool: Arc<crate::reader::BufferPool>,
+    pub read_pool: Arc<crate::log::reader::BufferPool>,
     _lock: Box<dyn Send + Sync + std::fmt::Debug>,
 }
 
@@ -146,7 +146,7 @@ impl WalSink {
             next_seq,
             mut keep,
             mut free,
-        } = repair::recover(&*storage, &options, committed, fresh)?;
+        } = recover::recover(&*storage, &options, committed, fresh)?;
         // Start a fresh segment for new frames, right after the cut so segment numbers stay
         // contiguous. Any earlier file with that number was removed durably during recovery,
         // and its frames (or stale ones in a recycled file) never verify under the new salt.

@@ -5,7 +5,7 @@
 //! later one, completed) -> committed (the commit store says so) and is then forgotten. A
 //! restore voids sealed epochs above the restored id. See `docs/design.md` ("Protocol").
 
-use crate::format::Position;
+use crate::log::format::Position;
 use bytes::Bytes;
 use std::collections::VecDeque;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -6,11 +6,11 @@
 //! mark, collect garbage. Any error stops at that epoch; it is retried with backoff and never
 //! skipped, so a later checkpoint is never committed before an earlier one.
 
-use crate::checkpoint::EpochInfo;
+use crate::delivery::catalog::EpochInfo;
 use crate::error::{Error, ErrorKind, Result};
-use crate::reader;
-use crate::sink::{EpochKey, Sink, SinkErrorClass};
+use crate::log::reader;
 use crate::wal::{Shared, WalSink};
+use crate::{EpochKey, Sink, SinkErrorClass};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;

@@ -4,6 +4,9 @@
 //! description, with byte tables, is `docs/design.md` ("On-disk format"); this module is its
 //! only implementation. All integers are little-endian.
 
+pub use super::layout::{
+    free_name, parse_numbered, segment_name, MAX_METADATA_LIMIT, MAX_RECORD_LIMIT,
+};
 use crate::error::CorruptionReason;
 
 /// Magic bytes at the start of every segment file.
@@ -41,7 +44,7 @@ const _: () = assert!(SEGMENT_HEADER_LEN.is_multiple_of(FRAME_ALIGN));
 pub const FRAME_HEADER_LEN: usize = U32 + U32 + 1 + 3 + U32;
 /// Largest payload a frame may have: the largest record (1 GiB) or the largest barrier
 /// (40 bytes plus 16 MiB of metadata). Readers reject longer length fields before reading.
-pub const MAX_PAYLOAD: usize = (1 << 30) + BARRIER_FIXED_LEN + (16 << 20);
+pub const MAX_PAYLOAD: usize = MAX_RECORD_LIMIT + BARRIER_FIXED_LEN + MAX_METADATA_LIMIT;
 
 /// Bytes kept free at the end of every segment for its closing [`FrameKind::SegmentEnd`].
 pub const SEGMENT_END_RESERVE: usize = FRAME_HEADER_LEN;
@@ -101,25 +104,6 @@ pub const fn align_up(n: usize) -> usize {
 /// Total bytes a frame with a payload of `len` bytes takes in a segment, padding included.
 pub const fn frame_size(len: usize) -> usize {
     align_up(FRAME_HEADER_LEN + len)
-}
-
-/// File name of segment `seq`: 20 decimal digits so names sort like numbers.
-pub fn segment_name(seq: u64) -> String {
-    format!("{seq:020}.wseg")
-}
-
-/// File name of a recycled segment waiting for reuse.
-pub fn free_name(seq: u64) -> String {
-    format!("{seq:020}.free")
-}
-
-/// Parses a segment (`.wseg`) or free (`.free`) file name.
-pub fn parse_numbered(name: &str, ext: &str) -> Option<u64> {
-    let digits = name.strip_suffix(ext)?.strip_suffix('.')?;
-    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
 }
 
 fn le_u32(b: &[u8], at: usize) -> u32 {

@@ -1,7 +1,7 @@
 //! The segment writer: appends frames to the active segment through a write buffer, rolls to
 //! a new (or recycled) segment when it is full, and knows which files a sync must cover.
 
-use crate::format::{self, FrameKind, Position, Seed, FRAME_HEADER_LEN, SEGMENT_END_RESERVE};
+use crate::log::format::{self, FrameKind, Position, Seed, FRAME_HEADER_LEN, SEGMENT_END_RESERVE};
 use crate::storage::{Storage, StorageFile};
 use std::io;
 use std::sync::Arc;

@@ -13,11 +13,11 @@
 //! [`BufferPool`] once nothing refers to them: a buffer whose pages are already mapped is
 //! filled several times faster than a fresh allocation.
 
-use crate::checkpoint::EpochInfo;
+use crate::delivery::catalog::EpochInfo;
 use crate::error::{CorruptionReason, Error, Result};
-use crate::format::{self, FrameError, FrameKind, Position, Seed};
-use crate::sink::{Epoch, EpochKey};
+use crate::log::format::{self, FrameError, FrameKind, Position, Seed};
 use crate::storage::Storage;
+use crate::{Epoch, EpochKey};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::sync::Arc;

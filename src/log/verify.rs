@@ -3,29 +3,77 @@
 //! It takes no lock and changes nothing, so it can run beside a live writer (a writer's
 //! unsynced tail then shows as a torn tail). Every problem names a file, an offset and a kind.
 
-use crate::commit_store::LocalCommitStore;
+use crate::delivery::commit_store::LocalCommitStore;
+use crate::error::{CorruptionReason, Damage};
 use crate::error::{Error, ErrorKind, Result};
-use crate::format;
-use crate::reader;
-use crate::recovery::{self, Event, IDENTITY_FILE};
-use crate::sink::{Epoch, EpochKey};
+use crate::log::format;
+use crate::log::layout::{self, IDENTITY_FILE};
+use crate::log::reader;
+use crate::log::scan::{self, Event};
 use crate::storage::{self, Storage};
+use crate::{Epoch, EpochKey};
 use std::sync::Arc;
 
-/// One problem found by [`verify`].
+/// One problem found by [`verify`]: where it is and what it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Problem {
     /// The file (a segment, or another file of the directory).
     pub segment: String,
     /// Byte offset in that file.
     pub offset: u64,
-    /// Machine-readable kind: `torn_tail`, `checksum`, `bad_header`, `bad_length`,
-    /// `unknown_kind`, `torn_frame`, `unwritten`, `bad_payload`, `missing_segment`,
-    /// `incomplete_epoch`, `unknown_version`, `unexpected_file`, `bad_identity`,
-    /// `bad_commit_store`.
-    pub kind: String,
+    /// What is wrong; [`ProblemKind::name`] is its machine-readable name.
+    pub kind: ProblemKind,
     /// Human-readable detail.
     pub detail: String,
+}
+
+/// What kind of problem [`verify`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// The log ends with what an unfinished sync (or a lost newest segment) left: the next
+    /// open, or `walsink repair`, cuts it off and reports it.
+    TornTail(CorruptionReason),
+    /// Damage in data a completed sync covered.
+    Corruption(CorruptionReason),
+    /// A file of a format version this build cannot read.
+    UnknownVersion,
+    /// A file that is not part of a walsink log.
+    UnexpectedFile,
+    /// The identity file is missing or does not verify.
+    BadIdentity,
+    /// The local commit store does not verify.
+    BadCommitStore,
+}
+
+impl ProblemKind {
+    /// Machine-readable name: `torn_tail`, a [`CorruptionReason::name`] (`checksum`,
+    /// `bad_header`, `bad_length`, `unknown_kind`, `torn_frame`, `unwritten`, `bad_payload`,
+    /// `missing_segment`, `incomplete_epoch`), `unknown_version`, `unexpected_file`,
+    /// `bad_identity` or `bad_commit_store`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ProblemKind::TornTail(_) => "torn_tail",
+            ProblemKind::Corruption(r) => r.name(),
+            ProblemKind::UnknownVersion => "unknown_version",
+            ProblemKind::UnexpectedFile => "unexpected_file",
+            ProblemKind::BadIdentity => "bad_identity",
+            ProblemKind::BadCommitStore => "bad_commit_store",
+        }
+    }
+}
+
+impl std::fmt::Display for ProblemKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl PartialEq<&str> for ProblemKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.name() == *other
+    }
 }
 
 /// A checkpoint found by [`verify`].
@@ -71,13 +119,13 @@ pub struct VerifyReport {
 fn problem(
     segment: impl Into<String>,
     offset: u64,
-    kind: &str,
+    kind: ProblemKind,
     detail: impl Into<String>,
 ) -> Problem {
     Problem {
         segment: segment.into(),
         offset,
-        kind: kind.into(),
+        kind,
         detail: detail.into(),
     }
 }
@@ -126,57 +174,51 @@ pub fn verify(storage: &dyn Storage) -> Result<VerifyReport> {
 
 fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
     let mut r = VerifyReport::default();
-    let names = storage
-        .list()
-        .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
-    if names.iter().any(|n| n == IDENTITY_FILE) {
-        let bytes = storage
-            .open(IDENTITY_FILE)
-            .and_then(|f| storage::read_all(&*f))
-            .map_err(|e| Error::io("read the identity file", e))?;
-        match format::decode_identity(&bytes) {
-            Ok(id) => r.identity = Some(id),
-            Err(_) => r.problems.push(problem(
-                IDENTITY_FILE,
-                0,
-                "bad_identity",
-                "identity file does not verify",
-            )),
-        }
-    } else {
-        r.problems.push(problem(
+    match layout::read_identity(storage) {
+        Ok(Some(id)) => r.identity = Some(id),
+        Ok(None) => r.problems.push(problem(
             IDENTITY_FILE,
             0,
-            "bad_identity",
+            ProblemKind::BadIdentity,
             "no identity file: not a walsink log",
-        ));
+        )),
+        Err(e) if matches!(e.kind(), ErrorKind::Io { .. }) => return Err(e),
+        Err(_) => r.problems.push(problem(
+            IDENTITY_FILE,
+            0,
+            ProblemKind::BadIdentity,
+            "identity file does not verify",
+        )),
     }
     match LocalCommitStore::read(storage) {
         Ok(c) => r.committed = c,
         Err(e) => r.problems.push(problem(
-            recovery::COMMIT_FILE,
+            layout::COMMIT_FILE,
             0,
-            "bad_commit_store",
+            ProblemKind::BadCommitStore,
             e.to_string(),
         )),
     }
-    let scan = match recovery::scan(storage) {
+    let scan = match scan::scan(storage) {
         Ok(s) => s,
         Err(e) => {
             match e.into_kind() {
                 ErrorKind::UnsupportedVersion { file, found, .. } => r.problems.push(problem(
                     file,
                     0,
-                    "unknown_version",
+                    ProblemKind::UnknownVersion,
                     format!("format version {found}"),
                 )),
-                ErrorKind::Corruption {
+                ErrorKind::Corruption(Damage {
                     segment,
                     offset,
                     reason,
-                } => r
-                    .problems
-                    .push(problem(segment, offset, reason.name(), reason.to_string())),
+                }) => r.problems.push(problem(
+                    segment,
+                    offset,
+                    ProblemKind::Corruption(reason.clone()),
+                    reason.to_string(),
+                )),
                 other => return Err(other.into()),
             }
             return Ok(r);
@@ -194,7 +236,7 @@ fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
         r.problems.push(problem(
             name.clone(),
             0,
-            "unexpected_file",
+            ProblemKind::UnexpectedFile,
             "not part of a walsink log",
         ));
     }
@@ -231,7 +273,7 @@ fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
             r.problems.push(problem(
                 format::segment_name(e.barrier.seq),
                 e.barrier.offset,
-                reason.name(),
+                ProblemKind::Corruption(reason),
                 "the start of this uncommitted epoch was removed",
             ));
         }
@@ -243,14 +285,14 @@ fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
             r.problems.push(problem(
                 d.segment.clone(),
                 d.offset,
-                d.reason.name(),
+                ProblemKind::Corruption(d.reason.clone()),
                 format!("corruption of synced data: {}", d.reason),
             ));
         } else {
             r.problems.push(problem(
                 d.segment.clone(),
                 d.offset,
-                "torn_tail",
+                ProblemKind::TornTail(d.reason.clone()),
                 format!("the log ends with a torn tail ({}); `walsink repair` or the next open cuts it off", d.reason),
             ));
         }
@@ -316,7 +358,7 @@ pub fn dump(
     let mut attempt = 0;
     let scan = loop {
         attempt += 1;
-        match recovery::scan(storage) {
+        match scan::scan(storage) {
             Err(e) if attempt < LIVE_RETRIES && vanished(&e) => continue,
             other => break other?,
         }

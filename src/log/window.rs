@@ -1,10 +1,10 @@
 //! A bounded, sliding read window over a segment file. Recovery and verification read
 //! segments through it, so their memory stays bounded (by [`Window::MAX`], or one frame of at
-//! most [`MAX_PAYLOAD`](crate::format::MAX_PAYLOAD) bytes when a frame is larger) whatever
+//! most [`MAX_PAYLOAD`](crate::log::format::MAX_PAYLOAD) bytes when a frame is larger) whatever
 //! the file's size or contents.
 
 use crate::error::{CorruptionReason, Error, Result};
-use crate::format;
+use crate::log::format;
 use crate::storage::{Storage, StorageFile};
 use bytes::Bytes;
 use std::sync::Arc;

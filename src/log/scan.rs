@@ -7,20 +7,17 @@
 //! claims `durable_through > p`, then `p` was durable and is now damaged: corruption. Otherwise
 //! everything from `p` on is what an unfinished sync left: a torn tail.
 
-use crate::error::{CorruptionReason, Error, ErrorKind, Result};
-use crate::format::{
+use crate::error::{CorruptionReason, Damage, Error, ErrorKind, Result};
+use crate::log::format::{
     self, FrameError, FrameKind, HeaderError, Position, Seed, FRAME_ALIGN, SEGMENT_HEADER_LEN,
 };
+use crate::log::layout::{
+    leading_seq, COMMIT_FILE, DAMAGED_SUFFIX, FREE_EXT, IDENTITY_FILE, LOCK_FILE, SEGMENT_EXT,
+    TMP_SUFFIX,
+};
+use crate::log::window::Window;
 use crate::storage::Storage;
-use crate::window::Window;
 use bytes::Bytes;
-
-/// The identity file.
-pub(crate) const IDENTITY_FILE: &str = "WALSINK";
-/// The local commit store file.
-pub(crate) const COMMIT_FILE: &str = "COMMITTED";
-/// The lock file.
-pub(crate) const LOCK_FILE: &str = "LOCK";
 
 /// A sealed epoch as read back from the log.
 #[derive(Debug, Clone)]
@@ -42,8 +39,8 @@ pub(crate) struct ScannedEpoch {
 
 impl ScannedEpoch {
     /// The catalog entry for this epoch.
-    pub fn info(&self) -> crate::checkpoint::EpochInfo {
-        crate::checkpoint::EpochInfo {
+    pub fn info(&self) -> crate::delivery::catalog::EpochInfo {
+        crate::delivery::catalog::EpochInfo {
             id: self.id,
             timestamp_ms: self.timestamp_ms,
             metadata: self.metadata.clone(),
@@ -64,17 +61,6 @@ pub(crate) enum Event {
     },
     /// An id reservation ([`format::RESERVATION_TIMESTAMP`]): not a checkpoint.
     Reserve(u64),
-}
-
-/// Where the valid prefix ends, when it does not end cleanly.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Damage {
-    /// File name of the segment.
-    pub segment: String,
-    /// Byte offset in it.
-    pub offset: u64,
-    /// What is wrong.
-    pub reason: CorruptionReason,
 }
 
 /// Everything a scan of a directory found.
@@ -157,14 +143,14 @@ pub(crate) fn scan(storage: &dyn Storage) -> Result<Scan> {
         .list()
         .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
     for name in names {
-        if let Some(seq) = format::parse_numbered(&name, "wseg") {
+        if let Some(seq) = format::parse_numbered(&name, SEGMENT_EXT) {
             scan.segments.push(seq);
             scan.max_seq_seen = scan.max_seq_seen.max(seq);
-        } else if let Some(seq) = format::parse_numbered(&name, "free") {
+        } else if let Some(seq) = format::parse_numbered(&name, FREE_EXT) {
             scan.free.push(seq);
             scan.max_seq_seen = scan.max_seq_seen.max(seq);
-        } else if name.ends_with(".damaged") || name.ends_with(".tmp") {
-            if let Some(seq) = name.get(..20).and_then(|d| d.parse::<u64>().ok()) {
+        } else if name.ends_with(DAMAGED_SUFFIX) || name.ends_with(TMP_SUFFIX) {
+            if let Some(seq) = leading_seq(&name) {
                 scan.max_seq_seen = scan.max_seq_seen.max(seq);
             }
             scan.leftovers.push(name);

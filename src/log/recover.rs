@@ -3,11 +3,13 @@
 //! (cut, set aside, sync) before anything new is written. The rules are `docs/design.md`
 //! ("Recovery"); the scan itself is `recovery.rs`.
 
-use crate::checkpoint::Catalog;
 use crate::config::{Mode, Options, RecoveryMode};
+use crate::delivery::catalog::Catalog;
+use crate::error::Damage;
 use crate::error::{CorruptionReason, Error, Result};
-use crate::format::{self, FrameKind};
-use crate::recovery::{self, Damage, Event, Scan};
+use crate::log::format::{self, FrameKind};
+use crate::log::layout::{DAMAGED_SUFFIX, TMP_SUFFIX};
+use crate::log::scan::{self, Event, Scan};
 use crate::storage::Storage;
 
 /// What [`WalSink::open`](crate::WalSink::open) found and did.
@@ -70,7 +72,7 @@ pub(crate) fn recover(
     committed: Option<u64>,
     fresh: bool,
 ) -> Result<Recovered> {
-    let mut scan = recovery::scan(storage)?;
+    let mut scan = scan::scan(storage)?;
     if fresh && scan.segments.is_empty() {
         // This open created the log: no segment is missing.
         scan.damage = None;
@@ -152,7 +154,7 @@ fn rebuild_catalog(
         at_least(id);
     }
     // Surviving barriers (not voided by a later restore), with their metadata and position.
-    let mut barriers: Vec<(u64, Vec<u8>, crate::format::Position)> = Vec::new();
+    let mut barriers: Vec<(u64, Vec<u8>, crate::log::format::Position)> = Vec::new();
     let mut partial = Vec::new();
     for ev in &scan.events {
         match ev {
@@ -284,7 +286,7 @@ fn repair(storage: &dyn Storage, scan: &Scan, report: &mut RecoveryReport) -> Re
                 .map_err(|e| Error::io(format!("sync segment {name}"), e))?;
         }
     }
-    for name in scan.leftovers.iter().filter(|n| n.ends_with(".tmp")) {
+    for name in scan.leftovers.iter().filter(|n| n.ends_with(TMP_SUFFIX)) {
         storage
             .remove(name)
             .map_err(|e| Error::io(format!("remove leftover {name}"), e))?;
@@ -310,10 +312,10 @@ impl AsideNames {
     }
 
     fn next(&mut self, name: &str) -> String {
-        let mut aside = format!("{name}.damaged");
+        let mut aside = format!("{name}{DAMAGED_SUFFIX}");
         let mut k = 1u64;
         while self.0.contains(&aside) {
-            aside = format!("{name}.{k}.damaged");
+            aside = format!("{name}.{k}{DAMAGED_SUFFIX}");
             k += 1;
         }
         self.0.insert(aside.clone());

@@ -1,8 +1,8 @@
 //! The [`Sink`] trait: where the committer delivers sealed, completed epochs.
 
-use crate::reader::{Cursor, RawChunk, Reader};
+use crate::error::SinkError;
+use crate::log::reader::{Cursor, RawChunk, Reader};
 use bytes::Bytes;
-use std::fmt;
 use std::sync::Arc;
 
 /// Identifies one epoch across restarts: the stable sink id, the subtask and the checkpoint id.
@@ -187,8 +187,8 @@ impl Iterator for ChunkRecords<'_> {
     type Item = Record;
 
     fn next(&mut self) -> Option<Record> {
-        let f = crate::format::peek_frame(&self.chunk.buf, self.at)?;
-        let start = self.at + crate::format::FRAME_HEADER_LEN;
+        let f = crate::log::format::peek_frame(&self.chunk.buf, self.at)?;
+        let start = self.at + crate::log::format::FRAME_HEADER_LEN;
         let data = self.chunk.buf.slice(start..start + f.payload.len());
         self.at += f.size;
         let position = RecordPosition {
@@ -283,8 +283,8 @@ impl Iterator for Records<'_> {
     fn next(&mut self) -> Option<crate::Result<Record>> {
         loop {
             if let Some(c) = &self.current {
-                if let Some(f) = crate::format::peek_frame(&c.buf, self.at) {
-                    let start = self.at + crate::format::FRAME_HEADER_LEN;
+                if let Some(f) = crate::log::format::peek_frame(&c.buf, self.at) {
+                    let start = self.at + crate::log::format::FRAME_HEADER_LEN;
                     let data = c.buf.slice(start..start + f.payload.len());
                     self.at += f.size;
                     let index = self.index;
@@ -314,88 +314,6 @@ impl Iterator for Records<'_> {
                 }
             }
         }
-    }
-}
-
-/// How the committer should treat a sink error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SinkErrorClass {
-    /// A passing failure (timeout, connection refused): retry with exponential backoff.
-    Retryable,
-    /// A failure that retrying is unlikely to fix (bad credentials, missing table): retried at
-    /// the longest backoff so an operator can fix the target; never skipped.
-    Permanent,
-}
-
-/// An error returned by a [`Sink`].
-#[derive(Debug)]
-pub struct SinkError {
-    class: SinkErrorClass,
-    message: String,
-    source: Option<Box<dyn std::error::Error + Send + Sync>>,
-}
-
-impl SinkError {
-    /// A retryable error.
-    pub fn retryable(message: impl Into<String>) -> Self {
-        SinkError {
-            class: SinkErrorClass::Retryable,
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// A permanent error.
-    pub fn permanent(message: impl Into<String>) -> Self {
-        SinkError {
-            class: SinkErrorClass::Permanent,
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// Attaches the underlying error.
-    pub fn with_source(
-        mut self,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
-        self.source = Some(source.into());
-        self
-    }
-
-    /// Retryable or permanent.
-    pub fn class(&self) -> SinkErrorClass {
-        self.class
-    }
-}
-
-/// A failure to read the epoch from the log, met while iterating it: retryable. The committer
-/// reports the log's own error in its place.
-impl From<crate::Error> for SinkError {
-    fn from(e: crate::Error) -> Self {
-        SinkError::retryable(format!("reading the epoch from the log failed: {e}")).with_source(e)
-    }
-}
-
-impl From<std::io::Error> for SinkError {
-    fn from(e: std::io::Error) -> Self {
-        SinkError::retryable(e.to_string()).with_source(e)
-    }
-}
-
-impl fmt::Display for SinkError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let class = match self.class {
-            SinkErrorClass::Retryable => "retryable",
-            SinkErrorClass::Permanent => "permanent",
-        };
-        write!(f, "{} ({class})", self.message)
-    }
-}
-
-impl std::error::Error for SinkError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|e| e as _)
     }
 }
 

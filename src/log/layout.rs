@@ -1,0 +1,79 @@
+//! One home for what a log directory holds: the names of its files and the format's size
+//! limits (`docs/design.md`, "Directory layout"), and the one reader of the identity file.
+
+use crate::error::{CorruptionReason, Error, ErrorKind, Result};
+use crate::log::format;
+use crate::storage::{self, Storage};
+
+/// The identity file: sink id and subtask.
+pub(crate) const IDENTITY_FILE: &str = "WALSINK";
+/// The local commit store (also the durable floor of commit stores that forget).
+pub(crate) const COMMIT_FILE: &str = "COMMITTED";
+/// The lock file, held while a handle is open.
+pub(crate) const LOCK_FILE: &str = "LOCK";
+/// Extension of a segment.
+pub(crate) const SEGMENT_EXT: &str = "wseg";
+/// Extension of a segment kept for reuse.
+pub(crate) const FREE_EXT: &str = "free";
+/// Suffix of the temporary file of an atomic replace.
+pub(crate) const TMP_SUFFIX: &str = ".tmp";
+/// Suffix of a segment set aside by lenient recovery.
+pub(crate) const DAMAGED_SUFFIX: &str = ".damaged";
+
+/// Largest record the format allows (`Options::max_record_size` is at most this).
+pub const MAX_RECORD_LIMIT: usize = 1 << 30;
+/// Largest checkpoint metadata the format allows (`Options::max_metadata_size`).
+pub const MAX_METADATA_LIMIT: usize = 16 << 20;
+
+/// File name of segment `seq`: 20 decimal digits so names sort like numbers.
+pub fn segment_name(seq: u64) -> String {
+    format!("{seq:020}.{SEGMENT_EXT}")
+}
+
+/// File name of a recycled segment waiting for reuse.
+pub fn free_name(seq: u64) -> String {
+    format!("{seq:020}.{FREE_EXT}")
+}
+
+/// Parses a segment (`.wseg`) or free (`.free`) file name.
+pub fn parse_numbered(name: &str, ext: &str) -> Option<u64> {
+    let digits = name.strip_suffix(ext)?.strip_suffix('.')?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The segment number a set-aside or temporary file name starts with, if any.
+pub(crate) fn leading_seq(name: &str) -> Option<u64> {
+    name.get(..20).and_then(|d| d.parse().ok())
+}
+
+/// Reads the identity file: `Ok(None)` when there is none; an unreadable one is corruption
+/// (or an unknown version).
+pub(crate) fn read_identity(storage: &dyn Storage) -> Result<Option<(String, u32)>> {
+    let names = storage
+        .list()
+        .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
+    if !names.iter().any(|n| n == IDENTITY_FILE) {
+        return Ok(None);
+    }
+    let bytes = storage
+        .open(IDENTITY_FILE)
+        .and_then(|f| storage::read_all(&*f))
+        .map_err(|e| Error::io("read the identity file", e))?;
+    match format::decode_identity(&bytes) {
+        Ok(id) => Ok(Some(id)),
+        Err(format::HeaderError::Version(found)) => Err(ErrorKind::UnsupportedVersion {
+            file: IDENTITY_FILE.into(),
+            found,
+            supported: format::FORMAT_VERSION,
+        }
+        .into()),
+        Err(format::HeaderError::Bad) => Err(Error::corruption(
+            IDENTITY_FILE,
+            0,
+            CorruptionReason::BadHeader,
+        )),
+    }
+}

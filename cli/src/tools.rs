@@ -478,7 +478,7 @@ fn rebuild_commit_store(
     given: Option<u64>,
 ) -> CliResult<(String, Option<u64>)> {
     let st: Arc<dyn Storage> = Arc::new(FsStorage::new(dir)?);
-    let _lock = st.lock().map_err(|e| {
+    let _lock = st.lock(walsink::format::LOCK_FILE).map_err(|e| {
         format!(
             "{} is in use by another walsink process ({e}); stop it first",
             dir.display()

@@ -6,11 +6,11 @@ use crate::log::format;
 use crate::storage::{self, Storage};
 
 /// The identity file: sink id and subtask.
-pub(crate) const IDENTITY_FILE: &str = "WALSINK";
+pub const IDENTITY_FILE: &str = "WALSINK";
 /// The local commit store (also the durable floor of commit stores that forget).
-pub(crate) const COMMIT_FILE: &str = "COMMITTED";
+pub const COMMIT_FILE: &str = "COMMITTED";
 /// The lock file, held while a handle is open.
-pub(crate) const LOCK_FILE: &str = "LOCK";
+pub const LOCK_FILE: &str = "LOCK";
 /// Extension of a segment.
 pub(crate) const SEGMENT_EXT: &str = "wseg";
 /// Extension of a segment kept for reuse.

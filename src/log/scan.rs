@@ -294,10 +294,13 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
             scan.valid_end = pos;
             let frame = match seg.frame(seed, at as u64)? {
                 Ok(f) => f,
-                Err(FrameError::Zero) if last && at as u64 >= seg.len() => {
-                    // The file ends right after a frame. Segments are created at their full
-                    // size and roll with room left for a segment end, so this file was cut
-                    // short: what stood after this point is lost, and it is reported.
+                Err(FrameError::Zero)
+                    if last && at as u64 + format::FRAME_HEADER_LEN as u64 > seg.len() =>
+                {
+                    // The file ends within a frame header's length of the last frame.
+                    // Segments are created at their full size and roll with room left for a
+                    // segment end, so this file was cut short: what stood after this point
+                    // is lost, and it is reported.
                     set_damage(scan, pos, name, at as u64, CorruptionReason::TornFrame);
                     finish_tail(scan, records, bytes);
                     return Ok(());

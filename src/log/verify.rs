@@ -456,8 +456,8 @@ mod tests {
         fn sync_dir(&self) -> std::io::Result<()> {
             self.fs.sync_dir()
         }
-        fn lock(&self) -> std::io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
-            self.fs.lock()
+        fn lock(&self, name: &str) -> std::io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
+            self.fs.lock(name)
         }
         fn describe(&self) -> String {
             self.fs.describe()

@@ -87,7 +87,7 @@ pub enum Op {
     FailSync(u8),
     /// Power loss, then damage to the disk (`kind` mod 6: the newest segment's header zeroed,
     /// the newest segment emptied, a bit flipped in a segment header, a bit flipped in synced
-    /// data, the newest segment deleted, the newest segment cut short at an 8-aligned offset;
+    /// data, the newest segment deleted, the newest segment cut short (at an 8-aligned offset or anywhere);
     /// `at` chooses where), then recovery.
     Damage {
         /// What is damaged.

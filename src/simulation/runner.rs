@@ -761,10 +761,12 @@ impl Run {
                 (name, b)
             }
             5 => {
-                // The newest segment cut short at an 8-aligned offset (often a frame's end).
+                // The newest segment cut short: at an 8-aligned offset (often a frame's end)
+                // or anywhere.
                 let mut b = files[newest].clone();
                 let end = b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
-                b.truncate((at % (end + 1)) & !7);
+                let cut = at % (end + 1);
+                b.truncate(if at.is_multiple_of(2) { cut & !7 } else { cut });
                 (newest.clone(), b)
             }
             _ => {

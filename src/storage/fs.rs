@@ -106,13 +106,13 @@ impl Storage for FsStorage {
         Ok(())
     }
 
-    fn lock(&self) -> io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
+    fn lock(&self, name: &str) -> io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
         let f = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .open(self.dir.join("LOCK"))?;
+            .open(self.dir.join(name))?;
         match f.try_lock() {
             Ok(()) => Ok(Box::new(f)),
             Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(

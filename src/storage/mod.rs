@@ -39,10 +39,10 @@ pub trait Storage: Send + Sync + Debug {
     fn check_alive(&self) -> io::Result<()> {
         Ok(())
     }
-    /// Takes the exclusive lock of the directory. The lock is held until the returned guard
-    /// is dropped; a second attempt, from any handle or process, fails with
-    /// [`io::ErrorKind::WouldBlock`].
-    fn lock(&self) -> io::Result<Box<dyn Send + Sync + Debug>>;
+    /// Takes the exclusive lock of the directory, held on the file `name` (created if
+    /// missing), until the returned guard is dropped; a second attempt, from any handle or
+    /// process, fails with [`io::ErrorKind::WouldBlock`].
+    fn lock(&self, name: &str) -> io::Result<Box<dyn Send + Sync + Debug>>;
     /// A human-readable name of the directory, for error messages.
     fn describe(&self) -> String;
 }

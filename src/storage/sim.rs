@@ -540,7 +540,7 @@ impl Storage for SimStorage {
         Ok(())
     }
 
-    fn lock(&self) -> io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
+    fn lock(&self, _name: &str) -> io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
         let mut s = self.state.lock();
         if s.dead {
             return Err(dead());
@@ -614,10 +614,13 @@ mod tests {
     #[test]
     fn lock_is_exclusive_until_dropped() {
         let sim = SimStorage::new();
-        let g = sim.lock().unwrap();
-        assert_eq!(sim.lock().unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        let g = sim.lock("LOCK").unwrap();
+        assert_eq!(
+            sim.lock("LOCK").unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
         drop(g);
-        assert!(sim.lock().is_ok());
+        assert!(sim.lock("LOCK").is_ok());
     }
 
     #[test]

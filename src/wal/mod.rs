@@ -3,15 +3,20 @@
 //! Locking: `Shared::w` (the writer) is always taken before `Shared::cat` (the catalog) when
 //! both are needed; syncs run with neither held, so appends continue during a sync.
 
+mod bootstrap;
+mod cleanup;
+mod seam;
+
 use crate::config::{FullPolicy, Mode, Options};
 use crate::delivery::catalog::{now_ms, Catalog, EpochInfo, Health, PendingCheckpoint};
 use crate::delivery::commit_store::{CommitStore, LocalCommitStore};
-use crate::error::{CorruptionReason, Error, ErrorKind, Result};
+use crate::delivery::committer::{self, Committer};
+use crate::error::{Error, ErrorKind, Result};
 use crate::log::format::{self, FrameKind, Position};
-use crate::log::layout::IDENTITY_FILE;
 use crate::log::recover::{self, Recovered, RecoveryReport};
 use crate::log::segment::{NewSegment, SegmentWriter};
-use crate::storage::{self, FsStorage, Storage};
+use crate::storage::{FsStorage, Storage};
+use crate::Sink;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,25 +44,25 @@ pub(crate) struct Writer {
 }
 
 pub(crate) struct Shared {
-    pub storage: Arc<dyn Storage>,
-    pub opts: Options,
-    pub sink_id: Arc<str>,
-    pub w: Mutex<Writer>,
+    storage: Arc<dyn Storage>,
+    opts: Options,
+    sink_id: Arc<str>,
+    w: Mutex<Writer>,
     synced_cv: Condvar,
-    pub cat: Mutex<Catalog>,
-    pub cat_cv: Condvar,
-    pub store: Mutex<Box<dyn CommitStore>>,
+    cat: Mutex<Catalog>,
+    cat_cv: Condvar,
+    store: Mutex<Box<dyn CommitStore>>,
     /// When `store` forgets across restarts: the durable floor raised before segments are
     /// freed (see [`CommitStore::survives_restart`]).
     floor: Option<Mutex<LocalCommitStore>>,
     /// Epochs delivered but not yet marked, kept between `deliver_ready` calls and committer
     /// runs so that only a crash can make an epoch go out twice.
-    pub delivery: Mutex<crate::delivery::committer::Delivery>,
+    delivery: Mutex<crate::delivery::committer::Delivery>,
     /// Set while someone delivers (a committer thread or `deliver_ready`): one at a time.
-    pub delivering: std::sync::atomic::AtomicBool,
+    delivering: std::sync::atomic::AtomicBool,
     open_bytes: AtomicU64,
     /// Read buffers reused between delivered epochs.
-    pub read_pool: Arc<crate::log::reader::BufferPool>,
+    read_pool: Arc<crate::log::reader::BufferPool>,
     _lock: Box<dyn Send + Sync + std::fmt::Debug>,
 }
 
@@ -84,6 +89,14 @@ pub(crate) struct Shared {
 /// ```
 pub struct WalSink {
     pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("sink_id", &self.sink_id)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for WalSink {
@@ -128,8 +141,8 @@ impl WalSink {
         mut store: Box<dyn CommitStore>,
     ) -> Result<(Self, RecoveryReport)> {
         options.sanitize()?;
-        let lock = take_lock(&*storage)?;
-        let fresh = check_identity(&*storage, &options)?;
+        let lock = bootstrap::take_lock(&*storage)?;
+        let fresh = bootstrap::check_identity(&*storage, &options)?;
         let mut committed = store.last_committed(&options.sink_id, options.subtask)?;
         let floor = if store.survives_restart() {
             None
@@ -193,7 +206,7 @@ impl WalSink {
             .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
         let mut seg = seg;
         seg.dir_synced();
-        let synced = reserve_dropped_ids(&*storage, &mut seg, &report)?;
+        let synced = bootstrap::reserve_dropped_ids(&*storage, &mut seg, &report)?;
         keep.push(next_seq);
         cat.segments = keep.into_iter().collect();
         cat.free = free;
@@ -419,6 +432,29 @@ impl WalSink {
         self.shared.opts.subtask
     }
 
+    /// Delivers every epoch that is deliverable now, in order, on the calling thread, and
+    /// marks them committed. Stops at the first error and returns it (nothing is skipped; the
+    /// next call retries the same epoch, and what succeeded before the error is marked first).
+    /// Returns the number of epochs handled. Fails with `InvalidOperation` while a committer
+    /// thread ([`WalSink::spawn_committer`]) runs.
+    pub fn deliver_ready(&self, sink: &mut dyn Sink) -> Result<usize> {
+        committer::deliver_ready(&self.shared, sink)
+    }
+
+    /// Starts a committer thread that delivers to `sink` until [`Committer::shutdown`]. Sink
+    /// and commit-store errors are retried with exponential backoff and full jitter
+    /// ([`Options::retry`](crate::Options::retry)); [`WalSink::health`] shows the last error
+    /// and the retry count.
+    pub fn spawn_committer<S: Sink + 'static>(&self, sink: S) -> Result<Committer> {
+        committer::spawn(&self.shared, sink)
+    }
+
+    /// Waits until checkpoint `id` is committed, or `timeout` passes. Returns whether it is.
+    /// `Duration::MAX` waits without a deadline.
+    pub fn wait_committed(&self, id: u64, timeout: std::time::Duration) -> bool {
+        self.shared.wait_committed(id, timeout)
+    }
+
     /// Blocks while the budget of [`Options::max_backlog_bytes`] is used up.
     fn wait_for_budget(&self) -> Result<()> {
         let sh = &*self.shared;
@@ -456,132 +492,11 @@ impl Drop for WalSink {
     }
 }
 
-/// Recovery dropped checkpoints whose barriers it could still read (after damage, in any
-/// mode), and their segments are gone or set aside now. So that no later open hands out those
-/// ids again (a target keeping its own marker may hold their epochs), the newest of them is
-/// reserved: an id-reservation barrier (`docs/design.md`, "Recovery") goes into the new
-/// segment and is made durable before `open` returns. Returns the position everything before
-/// is durable up to.
-fn reserve_dropped_ids(
-    storage: &dyn Storage,
-    seg: &mut SegmentWriter,
-    report: &RecoveryReport,
-) -> Result<Position> {
-    let start = Position {
-        seq: seg.seq(),
-        offset: 0,
-    };
-    // Ids at or below the commit mark can never be handed out again anyway.
-    let Some(&id) = report
-        .checkpoints_dropped
-        .iter()
-        .filter(|&&id| report.committed.is_none_or(|c| id > c))
-        .max()
-    else {
-        return Ok(start);
-    };
-    let io = |e| {
-        Error::io(
-            format!("write segment {}", format::segment_name(start.seq)),
-            e,
-        )
-    };
-    let reservation = format::Barrier::reservation(id, start);
-    seg.append(FrameKind::Barrier, &[&reservation.encode_fixed()])
-        .map_err(io)?;
-    seg.take_sync_set()
-        .map_err(io)?
-        .sync(storage)
-        .map_err(|(context, e)| Error::io(context, e))?;
-    Ok(seg.position())
-}
-
-/// Takes the directory lock. A lock released a moment ago can still look held while a child
-/// process forked by any thread has not yet exec'd (it shares the lock file's description), so
-/// a busy lock is retried for up to 100 ms before it is reported as `Locked`.
-fn take_lock(storage: &dyn Storage) -> Result<Box<dyn Send + Sync + std::fmt::Debug>> {
-    let mut attempts = 0;
-    loop {
-        match storage.lock() {
-            Ok(guard) => return Ok(guard),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && attempts < 20 => {
-                attempts += 1;
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                return Err(ErrorKind::Locked {
-                    dir: storage.describe(),
-                }
-                .into())
-            }
-            Err(e) => return Err(Error::io(format!("lock {}", storage.describe()), e)),
-        }
-    }
-}
-
 fn check_poison(w: &Writer) -> Result<()> {
     match &w.poisoned {
         Some(cause) => Err(poisoned_err(cause)),
         None => Ok(()),
     }
-}
-
-/// Checks (or, for a new log, writes) the identity file. Returns true when this call created
-/// the log.
-fn check_identity(storage: &dyn Storage, options: &Options) -> Result<bool> {
-    let names = storage
-        .list()
-        .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
-    let given = format!("{}/{}", options.sink_id, options.subtask);
-    if names.iter().any(|n| n == IDENTITY_FILE) {
-        let f = storage
-            .open(IDENTITY_FILE)
-            .map_err(|e| Error::io("open the identity file", e))?;
-        let bytes = storage::read_all(&*f).map_err(|e| Error::io("read the identity file", e))?;
-        let (id, subtask) = format::decode_identity(&bytes).map_err(|e| match e {
-            format::HeaderError::Version(found) => ErrorKind::UnsupportedVersion {
-                file: IDENTITY_FILE.into(),
-                found,
-                supported: format::FORMAT_VERSION,
-            }
-            .into(),
-            format::HeaderError::Bad => {
-                Error::corruption(IDENTITY_FILE, 0, CorruptionReason::BadHeader)
-            }
-        })?;
-        if id != options.sink_id || subtask != options.subtask {
-            return Err(ErrorKind::IdentityMismatch {
-                stored: format!("{id}/{subtask}"),
-                given,
-            }
-            .into());
-        }
-        return Ok(false);
-    }
-    if names
-        .iter()
-        .any(|n| format::parse_numbered(n, "wseg").is_some())
-    {
-        // Segments without an identity: someone removed it. Refuse to guess whose log it is.
-        return Err(Error::corruption(
-            IDENTITY_FILE,
-            0,
-            CorruptionReason::BadHeader,
-        ));
-    }
-    if !options.create {
-        return Err(ErrorKind::NotALog {
-            dir: storage.describe(),
-        }
-        .into());
-    }
-    storage::replace_file(
-        storage,
-        IDENTITY_FILE,
-        &format::encode_identity(&options.sink_id, options.subtask),
-    )
-    .map_err(|e| Error::io("write the identity file", e))?;
-    Ok(true)
 }
 
 impl Shared {
@@ -730,86 +645,6 @@ impl Shared {
                 self.cat_cv.notify_all();
             }
             self.synced_cv.notify_all();
-        }
-    }
-
-    /// Position below which no live frame remains: the start of the oldest uncommitted epoch,
-    /// the open epoch, the epochs voided by a restore that is not durable yet, or the barrier
-    /// of the highest committed checkpoint (kept for its metadata), whichever is first.
-    pub(crate) fn oldest_needed(&self) -> Position {
-        let mut w = self.w.lock();
-        let mut oldest = w.open_start.unwrap_or_else(|| w.seg.position());
-        if let Some(e) = w.unsynced.first() {
-            oldest = oldest.min(e.start);
-        }
-        if let Some((floor, end)) = w.restore_guard {
-            if w.synced >= end {
-                w.restore_guard = None;
-            } else {
-                oldest = oldest.min(floor);
-            }
-        }
-        let cat = self.cat.lock();
-        if let Some(e) = cat.epochs.front() {
-            oldest = oldest.min(e.start);
-        }
-        if let Some(b) = cat.committed_barrier {
-            oldest = oldest.min(b);
-        }
-        oldest
-    }
-
-    /// Deletes or recycles whole segments below [`Self::oldest_needed`], oldest first, with a
-    /// directory sync after each so the remaining segments always form a contiguous run.
-    /// Called only after the commit store durably covers every epoch in them.
-    pub(crate) fn collect_garbage(&self) -> Result<()> {
-        let oldest = self.oldest_needed();
-        let mut floor_raised = false;
-        loop {
-            let (seq, recycle) = {
-                let cat = self.cat.lock();
-                match cat.segments.front() {
-                    Some(&s) if s < oldest.seq && cat.segments.len() > 1 => (
-                        s,
-                        self.opts.recycle_segments && cat.free.len() < self.opts.max_free_segments,
-                    ),
-                    _ => return Ok(()),
-                }
-            };
-            if let (Some(floor), false) = (&self.floor, floor_raised) {
-                let committed = self.cat.lock().committed;
-                if let Some(c) = committed {
-                    floor
-                        .lock()
-                        .mark_committed(&self.sink_id, self.opts.subtask, c)?;
-                }
-                floor_raised = true;
-            }
-            let name = format::segment_name(seq);
-            let free = format::free_name(seq);
-            let res = if recycle {
-                self.storage.rename(&name, &free)
-            } else {
-                self.storage.remove(&name)
-            };
-            // Gone already: an earlier attempt removed or renamed it and then failed to sync
-            // the directory. The sync below is what still has to happen; the file is reused
-            // only if that attempt kept it as `.free`.
-            let recycled = match res {
-                Ok(()) => Ok(recycle),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    Ok(self.storage.open(&free).is_ok())
-                }
-                Err(e) => Err(e),
-            };
-            let recycled = recycled
-                .and_then(|r| self.storage.sync_dir().map(|_| r))
-                .map_err(|e| Error::io(format!("remove committed segment {name}"), e))?;
-            let mut cat = self.cat.lock();
-            cat.segments.pop_front();
-            if recycled {
-                cat.free.push(seq);
-            }
         }
     }
 }

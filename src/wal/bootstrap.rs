@@ -1,0 +1,130 @@
+//! Opening a log's directory before recovery: the lock, the identity file, and after
+//! recovery the reservation of the checkpoint ids it dropped.
+
+use crate::config::Options;
+use crate::error::{CorruptionReason, Error, ErrorKind, Result};
+use crate::log::format::{self, FrameKind, Position};
+use crate::log::layout::{IDENTITY_FILE, LOCK_FILE};
+use crate::log::recover::RecoveryReport;
+use crate::log::segment::SegmentWriter;
+use crate::storage::{self, Storage};
+
+/// Takes the directory lock. A lock released a moment ago can still look held while a child
+/// process forked by any thread has not yet exec'd (it shares the lock file's description), so
+/// a busy lock is retried for up to 100 ms before it is reported as `Locked`.
+pub(super) fn take_lock(storage: &dyn Storage) -> Result<Box<dyn Send + Sync + std::fmt::Debug>> {
+    let mut attempts = 0;
+    loop {
+        match storage.lock(LOCK_FILE) {
+            Ok(guard) => return Ok(guard),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && attempts < 20 => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(ErrorKind::Locked {
+                    dir: storage.describe(),
+                }
+                .into())
+            }
+            Err(e) => return Err(Error::io(format!("lock {}", storage.describe()), e)),
+        }
+    }
+}
+
+/// Checks (or, for a new log, writes) the identity file. Returns true when this call created
+/// the log.
+pub(super) fn check_identity(storage: &dyn Storage, options: &Options) -> Result<bool> {
+    let names = storage
+        .list()
+        .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
+    let given = format!("{}/{}", options.sink_id, options.subtask);
+    if names.iter().any(|n| n == IDENTITY_FILE) {
+        let f = storage
+            .open(IDENTITY_FILE)
+            .map_err(|e| Error::io("open the identity file", e))?;
+        let bytes = storage::read_all(&*f).map_err(|e| Error::io("read the identity file", e))?;
+        let (id, subtask) = format::decode_identity(&bytes).map_err(|e| match e {
+            format::HeaderError::Version(found) => ErrorKind::UnsupportedVersion {
+                file: IDENTITY_FILE.into(),
+                found,
+                supported: format::FORMAT_VERSION,
+            }
+            .into(),
+            format::HeaderError::Bad => {
+                Error::corruption(IDENTITY_FILE, 0, CorruptionReason::BadHeader)
+            }
+        })?;
+        if id != options.sink_id || subtask != options.subtask {
+            return Err(ErrorKind::IdentityMismatch {
+                stored: format!("{id}/{subtask}"),
+                given,
+            }
+            .into());
+        }
+        return Ok(false);
+    }
+    if names
+        .iter()
+        .any(|n| format::parse_numbered(n, "wseg").is_some())
+    {
+        // Segments without an identity: someone removed it. Refuse to guess whose log it is.
+        return Err(Error::corruption(
+            IDENTITY_FILE,
+            0,
+            CorruptionReason::BadHeader,
+        ));
+    }
+    if !options.create {
+        return Err(ErrorKind::NotALog {
+            dir: storage.describe(),
+        }
+        .into());
+    }
+    storage::replace_file(
+        storage,
+        IDENTITY_FILE,
+        &format::encode_identity(&options.sink_id, options.subtask),
+    )
+    .map_err(|e| Error::io("write the identity file", e))?;
+    Ok(true)
+}
+/// Recovery dropped checkpoints whose barriers it could still read (after damage, in any
+/// mode), and their segments are gone or set aside now. So that no later open hands out those
+/// ids again (a target keeping its own marker may hold their epochs), the newest of them is
+/// reserved: an id-reservation barrier (`docs/design.md`, "Recovery") goes into the new
+/// segment and is made durable before `open` returns. Returns the position everything before
+/// is durable up to.
+pub(super) fn reserve_dropped_ids(
+    storage: &dyn Storage,
+    seg: &mut SegmentWriter,
+    report: &RecoveryReport,
+) -> Result<Position> {
+    let start = Position {
+        seq: seg.seq(),
+        offset: 0,
+    };
+    // Ids at or below the commit mark can never be handed out again anyway.
+    let Some(&id) = report
+        .checkpoints_dropped
+        .iter()
+        .filter(|&&id| report.committed.is_none_or(|c| id > c))
+        .max()
+    else {
+        return Ok(start);
+    };
+    let io = |e| {
+        Error::io(
+            format!("write segment {}", format::segment_name(start.seq)),
+            e,
+        )
+    };
+    let reservation = format::Barrier::reservation(id, start);
+    seg.append(FrameKind::Barrier, &[&reservation.encode_fixed()])
+        .map_err(io)?;
+    seg.take_sync_set()
+        .map_err(io)?
+        .sync(storage)
+        .map_err(|(context, e)| Error::io(context, e))?;
+    Ok(seg.position())
+}

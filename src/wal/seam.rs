@@ -1,0 +1,170 @@
+//! The delivery seam: the few operations the committer (`delivery::committer`) needs from a
+//! log. The committer reaches the log's state only through these.
+
+use super::Shared;
+use crate::delivery::catalog::EpochInfo;
+use crate::delivery::committer::Delivery;
+use crate::error::{Error, Result};
+use crate::log::reader;
+use crate::{Epoch, EpochKey, RetryPolicy};
+use parking_lot::MutexGuard;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+impl Shared {
+    /// The key of checkpoint `checkpoint` of this log.
+    pub(crate) fn epoch_key(&self, checkpoint: u64) -> EpochKey {
+        EpochKey {
+            sink_id: self.sink_id.clone(),
+            subtask: self.opts.subtask,
+            checkpoint,
+        }
+    }
+
+    /// The oldest sealed epoch after `after`, if it is deliverable.
+    pub(crate) fn next_deliverable(&self, after: Option<u64>) -> Option<EpochInfo> {
+        let cat = self.cat.lock();
+        cat.epochs
+            .iter()
+            .find(|e| after.is_none_or(|x| e.id > x))
+            .filter(|e| cat.is_deliverable(e.id))
+            .cloned()
+    }
+
+    /// The commit store's mark.
+    pub(crate) fn stored_mark(&self) -> Result<Option<u64>> {
+        self.store
+            .lock()
+            .last_committed(&self.sink_id, self.opts.subtask)
+    }
+
+    /// Durably records every checkpoint `<= id` as committed in the commit store, then drops
+    /// those epochs from the catalog; the success clears the error shown by `health`.
+    pub(crate) fn record_mark(&self, id: u64) -> Result<()> {
+        self.store
+            .lock()
+            .mark_committed(&self.sink_id, self.opts.subtask, id)?;
+        let mut cat = self.cat.lock();
+        let latency = cat.committed_through(id);
+        if latency.is_some() {
+            cat.health.last_commit_latency = latency;
+        }
+        cat.health.retries = 0;
+        cat.health.last_error = None;
+        self.cat_cv.notify_all();
+        Ok(())
+    }
+
+    /// The commit store already covers `id` (a crash after marking, before clean-up).
+    pub(crate) fn forget_through(&self, id: u64) {
+        self.cat.lock().committed_through(id);
+    }
+
+    /// Epoch `e`, ready for a sink (read whole now, or chunk by chunk as it is iterated).
+    pub(crate) fn read_epoch(&self, e: &EpochInfo) -> Result<Epoch> {
+        reader::load_epoch(
+            &self.storage,
+            &self.read_pool,
+            self.opts.read_chunk_size,
+            e,
+            self.epoch_key(e.id),
+        )
+    }
+
+    /// A sink took an epoch of `records` records.
+    pub(crate) fn note_delivered(&self, records: u64) {
+        let mut cat = self.cat.lock();
+        cat.health.delivered_epochs += 1;
+        cat.health.delivered_records += records;
+        cat.health.retries = 0;
+        cat.health.last_error = None;
+    }
+
+    /// A delivery or mark failed, at the `attempt`-th try of the same epoch.
+    pub(crate) fn note_error(&self, e: &Error, attempt: u32) {
+        let mut cat = self.cat.lock();
+        cat.health.errors += 1;
+        cat.health.retries = attempt;
+        cat.health.last_error = Some(e.to_string());
+    }
+
+    /// Epochs delivered before their run is marked.
+    pub(crate) fn mark_every(&self) -> usize {
+        self.opts.mark_every
+    }
+
+    /// How failed deliveries are retried.
+    pub(crate) fn retry_policy(&self) -> &RetryPolicy {
+        &self.opts.retry
+    }
+
+    /// Waits up to `timeout` (less if woken) unless `stop` is set; with `after`, only while no
+    /// epoch after it is deliverable.
+    pub(crate) fn wait_for_work(
+        &self,
+        stop: &AtomicBool,
+        after: Option<Option<u64>>,
+        timeout: Duration,
+    ) {
+        let mut cat = self.cat.lock();
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(after) = after {
+            let ready = cat
+                .epochs
+                .iter()
+                .any(|e| cat.is_deliverable(e.id) && after.is_none_or(|x| e.id > x));
+            if ready {
+                return;
+            }
+        }
+        self.cat_cv.wait_for(&mut cat, timeout);
+    }
+
+    /// Wakes a committer waiting in [`Shared::wait_for_work`].
+    pub(crate) fn wake(&self) {
+        let _cat = self.cat.lock();
+        self.cat_cv.notify_all();
+    }
+
+    /// The delivery state kept between deliverers.
+    pub(crate) fn delivery(&self) -> MutexGuard<'_, Delivery> {
+        self.delivery.lock()
+    }
+
+    /// Takes the right to deliver (one deliverer at a time); false when someone has it.
+    pub(crate) fn try_claim(&self) -> bool {
+        self.delivering
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Gives the right to deliver back.
+    pub(crate) fn release_claim(&self) {
+        self.delivering.store(false, Ordering::Release);
+    }
+
+    /// A name for the committer thread.
+    pub(crate) fn committer_name(&self) -> String {
+        format!("walsink-committer-{}", self.sink_id)
+    }
+
+    /// Waits until checkpoint `id` is committed, or `timeout` passes (`Duration::MAX`, too
+    /// large for the clock, waits without a deadline). Returns whether it is.
+    pub(crate) fn wait_committed(&self, id: u64, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        let mut cat = self.cat.lock();
+        while cat.committed.is_none_or(|c| c < id) {
+            match deadline {
+                Some(deadline) => {
+                    if self.cat_cv.wait_until(&mut cat, deadline).timed_out() {
+                        return cat.committed.is_some_and(|c| c >= id);
+                    }
+                }
+                None => self.cat_cv.wait(&mut cat),
+            }
+        }
+        true
+    }
+}

@@ -33,6 +33,7 @@ pub enum CheckpointState {
 
 /// One pending checkpoint, as reported by [`WalSink::pending`](crate::WalSink::pending).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PendingCheckpoint {
     /// Checkpoint id.
     pub id: u64,
@@ -50,6 +51,7 @@ pub struct PendingCheckpoint {
 
 /// Health of a log and its delivery, for metrics and alerts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Health {
     /// Sealed epochs not yet committed.
     pub backlog_epochs: u64,

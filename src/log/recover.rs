@@ -162,10 +162,10 @@ fn rebuild_catalog(
                 if e.partial {
                     partial.push(e);
                 }
-                at_least(e.id);
-                barriers.push((e.id, e.metadata.to_vec(), e.barrier));
-                if committed.is_none_or(|c| e.id > c) {
-                    cat.seal(e.info());
+                at_least(e.info.id);
+                barriers.push((e.info.id, e.info.metadata.to_vec(), e.info.barrier));
+                if committed.is_none_or(|c| e.info.id > c) {
+                    cat.seal(e.info.clone());
                 }
             }
             Event::Reserve(id) => at_least(*id),
@@ -183,16 +183,16 @@ fn rebuild_catalog(
     // was committed or voided; one that is still pending lost data.
     if let Some(e) = partial
         .iter()
-        .find(|e| cat.epochs.iter().any(|p| p.id == e.id))
+        .find(|e| cat.epochs.iter().any(|p| p.id == e.info.id))
     {
         let reason = CorruptionReason::IncompleteEpoch {
-            checkpoint: e.id,
-            expected: e.records,
+            checkpoint: e.info.id,
+            expected: e.info.records,
             found: e.found,
         };
         return Err(Error::corruption(
-            format::segment_name(e.barrier.seq),
-            e.barrier.offset,
+            format::segment_name(e.info.barrier.seq),
+            e.info.barrier.offset,
             reason,
         ));
     }

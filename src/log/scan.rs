@@ -7,6 +7,7 @@
 //! claims `durable_through > p`, then `p` was durable and is now damaged: corruption. Otherwise
 //! everything from `p` on is what an unfinished sync left: a torn tail.
 
+use crate::delivery::catalog::EpochInfo;
 use crate::error::{CorruptionReason, Damage, Error, ErrorKind, Result};
 use crate::log::format::{
     self, FrameError, FrameKind, HeaderError, Position, Seed, FRAME_ALIGN, SEGMENT_HEADER_LEN,
@@ -19,37 +20,15 @@ use crate::log::window::Window;
 use crate::storage::Storage;
 use bytes::Bytes;
 
-/// A sealed epoch as read back from the log.
+/// A sealed epoch as read back from the log: its catalog entry, and how much of it is there.
 #[derive(Debug, Clone)]
 pub(crate) struct ScannedEpoch {
-    pub id: u64,
-    pub timestamp_ms: u64,
-    pub metadata: Bytes,
-    pub records: u64,
-    pub bytes: u64,
-    /// Position of the epoch's first frame (its barrier's position when it is empty).
-    pub start: Position,
-    /// Position of the barrier frame.
-    pub barrier: Position,
+    /// What the catalog keeps of it.
+    pub info: EpochInfo,
     /// Fewer data frames than the barrier claims were found (the front was removed).
     pub partial: bool,
-    /// Data frames found for the epoch (equal to `records` unless `partial`).
+    /// Data frames found for the epoch (equal to `info.records` unless `partial`).
     pub found: u64,
-}
-
-impl ScannedEpoch {
-    /// The catalog entry for this epoch.
-    pub fn info(&self) -> crate::delivery::catalog::EpochInfo {
-        crate::delivery::catalog::EpochInfo {
-            id: self.id,
-            timestamp_ms: self.timestamp_ms,
-            metadata: self.metadata.clone(),
-            records: self.records,
-            bytes: self.bytes,
-            start: self.start,
-            barrier: self.barrier,
-        }
-    }
 }
 
 /// A control frame of the valid prefix.
@@ -114,7 +93,7 @@ impl Scan {
         let mut voided = std::collections::HashSet::new();
         for ev in &self.events {
             match ev {
-                Event::Barrier(e) => seen.push(e.id),
+                Event::Barrier(e) => seen.push(e.info.id),
                 Event::Reserve(_) => {}
                 Event::Restore { restored_to } => {
                     voided.extend(seen.iter().copied().filter(|&id| {
@@ -355,13 +334,15 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                         scan.events.push(Event::Reserve(b.checkpoint));
                     } else {
                         scan.events.push(Event::Barrier(ScannedEpoch {
-                            id: b.checkpoint,
-                            timestamp_ms: b.timestamp_ms,
-                            metadata: Bytes::copy_from_slice(b.metadata),
-                            records: b.records,
-                            bytes,
-                            start: epoch_start.unwrap_or(pos),
-                            barrier: pos,
+                            info: EpochInfo {
+                                id: b.checkpoint,
+                                timestamp_ms: b.timestamp_ms,
+                                metadata: Bytes::copy_from_slice(b.metadata),
+                                records: b.records,
+                                bytes,
+                                start: epoch_start.unwrap_or(pos),
+                                barrier: pos,
+                            },
                             partial: b.records != records,
                             found: records,
                         }));

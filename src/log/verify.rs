@@ -78,6 +78,7 @@ impl PartialEq<&str> for ProblemKind {
 
 /// A checkpoint found by [`verify`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CheckpointSummary {
     /// Checkpoint id.
     pub id: u64,
@@ -97,6 +98,7 @@ pub struct CheckpointSummary {
 
 /// What [`verify`] found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct VerifyReport {
     /// True when no problem was found.
     pub ok: bool,
@@ -250,29 +252,29 @@ fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
             partial.push(e);
         }
         r.checkpoints.push(CheckpointSummary {
-            id: e.id,
-            records: e.records,
-            bytes: e.bytes,
-            timestamp_ms: e.timestamp_ms,
-            committed: r.committed.is_some_and(|c| e.id <= c),
-            voided: voided.contains(&e.id),
-            metadata: e.metadata.to_vec(),
+            id: e.info.id,
+            records: e.info.records,
+            bytes: e.info.bytes,
+            timestamp_ms: e.info.timestamp_ms,
+            committed: r.committed.is_some_and(|c| e.info.id <= c),
+            voided: voided.contains(&e.info.id),
+            metadata: e.info.metadata.to_vec(),
         });
     }
     for e in partial {
         let live = r
             .checkpoints
             .iter()
-            .any(|c| c.id == e.id && !c.committed && !c.voided);
+            .any(|c| c.id == e.info.id && !c.committed && !c.voided);
         if live {
             let reason = crate::CorruptionReason::IncompleteEpoch {
-                checkpoint: e.id,
-                expected: e.records,
+                checkpoint: e.info.id,
+                expected: e.info.records,
                 found: 0,
             };
             r.problems.push(problem(
-                format::segment_name(e.barrier.seq),
-                e.barrier.offset,
+                format::segment_name(e.info.barrier.seq),
+                e.info.barrier.offset,
                 ProblemKind::Corruption(reason),
                 "the start of this uncommitted epoch was removed",
             ));
@@ -370,25 +372,25 @@ pub fn dump(
         if e.partial {
             continue;
         }
-        let info = e.info();
+        let info = e.info.clone();
         let key = EpochKey {
             sink_id: sink_id.clone(),
             subtask,
-            checkpoint: e.id,
+            checkpoint: e.info.id,
         };
         let epoch = match reader::load_epoch(&storage_arc, &pool, reader::CHUNK, &info, key) {
             // A live writer freed its segment after the scan: it was committed meanwhile.
             Err(e) if vanished(&e) => continue,
             other => other?,
         };
-        let state = if committed.is_some_and(|c| e.id <= c) {
+        let state = if committed.is_some_and(|c| e.info.id <= c) {
             DumpState::Committed
-        } else if voided.contains(&e.id) {
+        } else if voided.contains(&e.info.id) {
             DumpState::Voided
         } else {
             DumpState::Pending
         };
-        let written = f(Some(e.id), state, &epoch);
+        let written = f(Some(e.info.id), state, &epoch);
         match epoch.reader.take_failure() {
             // A live writer freed the segment while it was read: committed meanwhile.
             Some(e) if vanished(&e) => continue,

@@ -7,20 +7,10 @@
 mod common;
 use common::*;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use walsink::format::{self, FrameKind, Position, Seed};
 use walsink::storage::FsStorage;
 use walsink::{ErrorKind, Options, RecoveryMode, WalSink};
-
-fn segments(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<_> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "wseg"))
-        .collect();
-    v.sort();
-    v
-}
 
 fn small() -> Options {
     opts("dmg").segment_size(8192)

@@ -10,16 +10,6 @@ use std::path::Path;
 use walsink::format::{self, FrameKind, Seed};
 use walsink::{CorruptionReason, ErrorKind, MemorySink, Options, RecoveryMode, WalSink};
 
-fn segments(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "wseg"))
-        .collect();
-    v.sort();
-    v
-}
-
 /// Offset just past the last non-zero byte of a (preallocated) segment.
 fn data_end(bytes: &[u8]) -> u64 {
     bytes

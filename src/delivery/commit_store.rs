@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::log::format;
-use crate::log::layout::COMMIT_FILE;
+use crate::log::layout::{self, COMMIT_FILE};
 use crate::storage::{self, Storage};
 use std::sync::Arc;
 
@@ -69,27 +69,7 @@ impl LocalCommitStore {
 
     /// Reads the mark from disk (no cache).
     pub(crate) fn read(storage: &dyn Storage) -> Result<Option<u64>> {
-        let names = storage
-            .list()
-            .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
-        if !names.iter().any(|n| n == COMMIT_FILE) {
-            return Ok(None);
-        }
-        let f = storage
-            .open(COMMIT_FILE)
-            .map_err(|e| Error::io("open the commit store", e))?;
-        let bytes = storage::read_all(&*f).map_err(|e| Error::io("read the commit store", e))?;
-        format::decode_commit(&bytes).map_err(|e| match e {
-            format::HeaderError::Version(found) => crate::ErrorKind::UnsupportedVersion {
-                file: COMMIT_FILE.into(),
-                found,
-                supported: format::FORMAT_VERSION,
-            }
-            .into(),
-            format::HeaderError::Bad => {
-                Error::corruption(COMMIT_FILE, 0, crate::CorruptionReason::BadHeader)
-            }
-        })
+        Ok(layout::read_small_file(storage, COMMIT_FILE, format::decode_commit)?.flatten())
     }
 }
 

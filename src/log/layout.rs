@@ -52,28 +52,37 @@ pub(crate) fn leading_seq(name: &str) -> Option<u64> {
 /// Reads the identity file: `Ok(None)` when there is none; an unreadable one is corruption
 /// (or an unknown version).
 pub(crate) fn read_identity(storage: &dyn Storage) -> Result<Option<(String, u32)>> {
+    read_small_file(storage, IDENTITY_FILE, format::decode_identity)
+}
+
+/// Reads and decodes the small checksummed file `name` (identity, commit mark): `Ok(None)`
+/// when it is not there; one that does not decode is corruption naming it, or an unknown
+/// version.
+pub(crate) fn read_small_file<T>(
+    storage: &dyn Storage,
+    name: &str,
+    decode: impl FnOnce(&[u8]) -> std::result::Result<T, format::HeaderError>,
+) -> Result<Option<T>> {
     let names = storage
         .list()
         .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
-    if !names.iter().any(|n| n == IDENTITY_FILE) {
+    if !names.iter().any(|n| n == name) {
         return Ok(None);
     }
     let bytes = storage
-        .open(IDENTITY_FILE)
+        .open(name)
         .and_then(|f| storage::read_all(&*f))
-        .map_err(|e| Error::io("read the identity file", e))?;
-    match format::decode_identity(&bytes) {
-        Ok(id) => Ok(Some(id)),
+        .map_err(|e| Error::io(format!("read {name}"), e))?;
+    match decode(&bytes) {
+        Ok(v) => Ok(Some(v)),
         Err(format::HeaderError::Version(found)) => Err(ErrorKind::UnsupportedVersion {
-            file: IDENTITY_FILE.into(),
+            file: name.into(),
             found,
             supported: format::FORMAT_VERSION,
         }
         .into()),
-        Err(format::HeaderError::Bad) => Err(Error::corruption(
-            IDENTITY_FILE,
-            0,
-            CorruptionReason::BadHeader,
-        )),
+        Err(format::HeaderError::Bad) => {
+            Err(Error::corruption(name, 0, CorruptionReason::BadHeader))
+        }
     }
 }

@@ -284,18 +284,20 @@ fn scan_chunk(buf: &[u8], seed: Seed, at: Position, cut_short: bool) -> Result<S
     let name = || format::segment_name(at.seq);
     let mut i = 0usize;
     let mut count = 0u64;
+    // The data frames up to `i`; the next chunk starts right after them.
+    let stop_here = |i: usize, count: u64| Scanned::Frames {
+        end: i,
+        count,
+        next: Position {
+            seq: at.seq,
+            offset: at.offset + i as u64,
+        },
+    };
     loop {
         let offset = at.offset + i as u64;
         if i == buf.len() && !cut_short {
             // Reached the limit (the barrier, or a segment's end without a segment-end frame).
-            return Ok(Scanned::Frames {
-                end: i,
-                count,
-                next: Position {
-                    seq: at.seq,
-                    offset,
-                },
-            });
+            return Ok(stop_here(i, count));
         }
         match format::decode_frame_in(buf, seed, at.offset, i) {
             Ok(f) if f.kind == FrameKind::Data => {
@@ -323,14 +325,7 @@ fn scan_chunk(buf: &[u8], seed: Seed, at: Position, cut_short: bool) -> Result<S
                 | FrameError::Bad(CorruptionReason::TornFrame),
             ) if cut_short && frame_cut_off(buf, i) => {
                 if i > 0 {
-                    return Ok(Scanned::Frames {
-                        end: i,
-                        count,
-                        next: Position {
-                            seq: at.seq,
-                            offset,
-                        },
-                    });
+                    return Ok(stop_here(i, count));
                 }
                 let size = format::declared_frame_size(buf, 0).unwrap_or(format::FRAME_HEADER_LEN);
                 return Ok(Scanned::NeedMore(size));

@@ -4,7 +4,7 @@
 use crate::config::Options;
 use crate::error::{CorruptionReason, Error, ErrorKind, Result};
 use crate::log::format::{self, FrameKind, Position};
-use crate::log::layout::{IDENTITY_FILE, LOCK_FILE};
+use crate::log::layout::{self, IDENTITY_FILE, LOCK_FILE};
 use crate::log::recover::RecoveryReport;
 use crate::log::segment::SegmentWriter;
 use crate::storage::{self, Storage};
@@ -39,22 +39,7 @@ pub(super) fn check_identity(storage: &dyn Storage, options: &Options) -> Result
         .list()
         .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
     let given = format!("{}/{}", options.sink_id, options.subtask);
-    if names.iter().any(|n| n == IDENTITY_FILE) {
-        let f = storage
-            .open(IDENTITY_FILE)
-            .map_err(|e| Error::io("open the identity file", e))?;
-        let bytes = storage::read_all(&*f).map_err(|e| Error::io("read the identity file", e))?;
-        let (id, subtask) = format::decode_identity(&bytes).map_err(|e| match e {
-            format::HeaderError::Version(found) => ErrorKind::UnsupportedVersion {
-                file: IDENTITY_FILE.into(),
-                found,
-                supported: format::FORMAT_VERSION,
-            }
-            .into(),
-            format::HeaderError::Bad => {
-                Error::corruption(IDENTITY_FILE, 0, CorruptionReason::BadHeader)
-            }
-        })?;
+    if let Some((id, subtask)) = layout::read_identity(storage)? {
         if id != options.sink_id || subtask != options.subtask {
             return Err(ErrorKind::IdentityMismatch {
                 stored: format!("{id}/{subtask}"),

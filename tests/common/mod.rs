@@ -41,3 +41,14 @@ pub fn complete_and_deliver(wal: &WalSink, id: u64) -> Vec<Vec<u8>> {
     wal.deliver_ready(&mut sink).expect("deliver");
     sink.records()
 }
+
+/// The segment files of the log in `dir`, in order.
+pub fn segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wseg"))
+        .collect();
+    v.sort();
+    v
+}

@@ -10,7 +10,7 @@ use crate::log::format;
 use crate::log::layout::{self, IDENTITY_FILE};
 use crate::log::reader;
 use crate::log::scan::{self, Event};
-use crate::storage::{self, Storage};
+use crate::storage::Storage;
 use crate::{Epoch, EpochKey};
 use std::sync::Arc;
 
@@ -342,18 +342,10 @@ pub fn dump(
 ) -> Result<()> {
     let storage_arc = storage;
     let storage: &dyn Storage = &*storage_arc;
-    let names = storage
+    storage
         .list()
         .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
-    let identity = if names.iter().any(|n| n == IDENTITY_FILE) {
-        storage
-            .open(IDENTITY_FILE)
-            .and_then(|f| storage::read_all(&*f))
-            .ok()
-            .and_then(|b| format::decode_identity(&b).ok())
-    } else {
-        None
-    };
+    let identity = layout::read_identity(storage).ok().flatten();
     let (sink_id, subtask) = identity.unwrap_or_else(|| ("unknown".into(), 0));
     let sink_id: std::sync::Arc<str> = sink_id.into();
     let committed = LocalCommitStore::read(storage).unwrap_or(None);

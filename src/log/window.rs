@@ -151,9 +151,7 @@ impl Window {
                 }
                 Err(format::FrameError::Bad(CorruptionReason::TornFrame)) => {
                     // The header verified, and its length is within the format's maximum.
-                    let len =
-                        u32::from_le_bytes(self.buf[idx + 4..idx + 8].try_into().expect("4 bytes"));
-                    format::frame_size(len as usize)
+                    format::declared_frame_size(&self.buf, idx).unwrap_or(0)
                 }
                 _ => 0,
             };

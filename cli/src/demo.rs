@@ -3,7 +3,7 @@
 //! random moments, restarts it each time, and finally checks that the target holds every
 //! input record exactly once.
 
-use crate::pipe::PipeArgs;
+use crate::pipe_args::PipeArgs;
 use crate::progress;
 use crate::CliResult;
 use clap::Args;

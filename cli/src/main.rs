@@ -7,7 +7,9 @@
 mod deliver;
 mod demo;
 mod pipe;
+mod pipe_args;
 mod progress;
+mod repair;
 mod resume;
 mod source;
 mod tools;
@@ -31,7 +33,7 @@ struct Cli {
 enum Command {
     /// Ship newline-delimited records from a file through a log into a sink, exactly once
     /// across crashes: re-run with the same arguments to resume.
-    Pipe(pipe::PipeArgs),
+    Pipe(pipe_args::PipeArgs),
     /// Show a log's identity, segments, checkpoints and backlog.
     Inspect {
         /// The log directory.
@@ -89,7 +91,7 @@ fn main() -> ExitCode {
             force,
             committed,
             json,
-        } => tools::repair(&dir, force, committed, json),
+        } => repair::repair(&dir, force, committed, json),
         Command::Demo(args) => demo::run(args),
     };
     match result {

@@ -8,181 +8,16 @@
 //! further: records after it were never promised and are read again (file input).
 
 use crate::deliver::{self, Limits, StdoutSink, Stop, Watch, Watched};
+use crate::pipe_args::{absolute, check_log_dir, is_log, parse_sink, PipeArgs, SinkSpec};
+use crate::progress::{self, plural};
 use crate::resume::{self, PipeMeta};
 use crate::source::{InputSpec, Next, Source};
-use crate::{progress, CliResult, Refused};
-use clap::Args;
+use crate::{CliResult, Refused};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use walsink::{DirSink, ErrorKind, FullPolicy, Options, RecoveryReport, Sink, WalSink};
-
-/// Arguments of `walsink pipe`.
-#[derive(Args, Debug, Clone)]
-pub struct PipeArgs {
-    /// Newline-delimited input records: a regular file (resumable), or `-` for standard
-    /// input. A line is shipped once its newline is read; see --ship-final-line.
-    #[arg(long)]
-    pub input: PathBuf,
-    /// The log directory (created if missing or empty).
-    #[arg(long)]
-    pub wal: PathBuf,
-    /// Where to deliver. `dir:PATH`: one file per checkpoint, exactly-once, named
-    /// `{checkpoint:020}-{sink-id}-00000.txt` with one record per line, or `.bin` (each record
-    /// prefixed by its length, u32 little-endian) for a checkpoint holding a record that is
-    /// not UTF-8; a `.meta` file beside each holds its checkpoint metadata. `stdout`: one
-    /// line per record, at-least-once.
-    #[arg(long)]
-    pub sink: String,
-    /// Checkpoint after this many records.
-    #[arg(long, default_value_t = 10_000)]
-    pub checkpoint_every: u64,
-    /// Also checkpoint when this much time passed since the last one (500ms, 2s, 1m, 1h).
-    #[arg(long, value_parser = parse_duration)]
-    pub checkpoint_interval: Option<Duration>,
-    /// Stable sink id stored in the log and in the target's file names.
-    #[arg(long, default_value = "pipe")]
-    pub sink_id: String,
-    /// Keep reading the input file as it grows, checkpointing whenever it has read all there
-    /// is; stop it with a signal (the next run resumes after the last checkpoint).
-    #[arg(long)]
-    pub follow: bool,
-    /// The input file is complete: ship a last line that has no newline as a record. Without
-    /// it such a line is left unshipped (the file may still grow). A later run refuses the file
-    /// if that line was continued.
-    #[arg(long)]
-    pub ship_final_line: bool,
-    /// Largest record (line without its newline), in bytes: 512, 64KiB, 16MiB, up to 1GiB.
-    #[arg(long, default_value = "16MiB", value_parser = parse_record_bytes)]
-    pub max_record_bytes: usize,
-    /// Disk budget for records read but not yet delivered, in bytes (e.g. 256MiB); reading
-    /// pauses while it is used up. Default: no limit.
-    #[arg(long, value_parser = parse_bytes)]
-    pub max_backlog_bytes: Option<u64>,
-    /// Give up after this many failed deliveries with a permanent error (permission denied,
-    /// read-only, missing directory) in a row; exit 2 naming the target.
-    #[arg(long, default_value_t = 5)]
-    pub max_retries: u32,
-    /// Give up when one checkpoint keeps failing, whatever the error, for this long.
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
-    pub retry_deadline: Duration,
-    /// Print the summary as JSON to stdout (not with --sink stdout).
-    #[arg(long)]
-    pub json: bool,
-    /// No progress output and no notices (errors are still printed).
-    #[arg(long)]
-    pub quiet: bool,
-}
-
-/// Parses a duration with its unit: `500ms`, `2s`, `1m`, `1h`, `1h 30m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s.trim()).map_err(|e| {
-        format!("{s:?} is not a duration ({e}); write it with a unit, such as 500ms, 2s, 1m or 1h")
-    })?;
-    if d.is_zero() {
-        return Err(format!("duration must be positive: {s:?}"));
-    }
-    Ok(d)
-}
-
-/// Parses a byte count: `4096`, `64KiB`, `16MiB`, `1GiB` (also `k`, `M`, `G` as powers of 1024).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a byte count: use a number such as 4096 or 16MiB"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "k" | "K" | "KiB" | "KB" => 1 << 10,
-        "M" | "MiB" | "MB" => 1 << 20,
-        "G" | "GiB" | "GB" => 1 << 30,
-        u => {
-            return Err(format!(
-                "unknown unit {u:?} in {s:?}: use B, KiB, MiB or GiB"
-            ))
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
-}
-
-fn parse_record_bytes(s: &str) -> Result<usize, String> {
-    let n = parse_bytes(s)?;
-    if n == 0 || n > 1 << 30 {
-        return Err(format!(
-            "{s:?}: the record limit must be between 1 byte and 1GiB"
-        ));
-    }
-    usize::try_from(n).map_err(|_| format!("{s:?} is too large for this machine"))
-}
-
-/// Where `--sink` delivers.
-enum SinkSpec {
-    Dir(PathBuf),
-    Stdout,
-}
-
-fn parse_sink(spec: &str) -> CliResult<SinkSpec> {
-    match spec.split_once(':') {
-        Some(("dir", path)) if !path.is_empty() => {
-            let p = PathBuf::from(path);
-            if p.exists() && !p.is_dir() {
-                return Err(
-                    format!("--sink dir:{path}: {path} exists and is not a directory").into(),
-                );
-            }
-            Ok(SinkSpec::Dir(p))
-        }
-        None if spec == "stdout" => Ok(SinkSpec::Stdout),
-        _ => Err(format!("unknown sink {spec:?}: use dir:PATH or stdout").into()),
-    }
-}
-
-/// Refuses to turn a non-empty directory that is not a walsink log into one.
-pub fn check_log_dir(dir: &Path) -> CliResult<()> {
-    if !dir.exists() {
-        return Ok(());
-    }
-    if !dir.is_dir() {
-        return Err(format!("--wal {} exists and is not a directory", dir.display()).into());
-    }
-    let mut any = false;
-    for entry in
-        std::fs::read_dir(dir).map_err(|e| format!("cannot read --wal {}: {e}", dir.display()))?
-    {
-        any = true;
-        if entry.map(|e| e.file_name() == "WALSINK").unwrap_or(false) {
-            return Ok(());
-        }
-    }
-    if any {
-        return Err(format!(
-            "{} is not empty and not a walsink log; refusing to write into it",
-            dir.display()
-        )
-        .into());
-    }
-    Ok(())
-}
-
-/// An absolute, normalised form of a path that may not exist yet.
-fn absolute(p: &Path) -> PathBuf {
-    if let Ok(c) = std::fs::canonicalize(p) {
-        return c;
-    }
-    match (p.parent(), p.file_name()) {
-        (Some(parent), Some(name)) if !parent.as_os_str().is_empty() => absolute(parent).join(name),
-        (_, Some(name)) => std::env::current_dir().unwrap_or_default().join(name),
-        _ => std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()),
-    }
-}
-
-fn is_log(dir: &Path) -> bool {
-    dir.join("WALSINK").exists()
-}
 
 /// The CLI's words for an error from opening the log.
 fn explain_open(e: walsink::Error, wal: &Path) -> Box<dyn std::error::Error> {
@@ -197,14 +32,6 @@ fn explain_open(e: walsink::Error, wal: &Path) -> Box<dyn std::error::Error> {
         )
         .into(),
         _ => format!("cannot open the log {}: {e}", wal.display()).into(),
-    }
-}
-
-fn plural(n: u64, word: &str) -> String {
-    if n == 1 {
-        format!("1 {word}")
-    } else {
-        format!("{n} {word}s")
     }
 }
 
@@ -641,34 +468,5 @@ pub fn run(args: PipeArgs) -> CliResult<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_need_a_unit_and_fit() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
-        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        let e = parse_duration("10").unwrap_err();
-        assert!(e.contains("unit"), "{e}");
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("99999999999999999999s").is_err());
-        assert!(parse_duration("x").is_err());
-    }
-
-    #[test]
-    fn byte_counts() {
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("16MiB"), Ok(16 << 20));
-        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
-        assert!(parse_bytes("1PiB").is_err());
-        assert!(parse_bytes("99999999999999999999").is_err());
-        assert!(parse_record_bytes("2GiB").is_err());
-        assert!(parse_record_bytes("0").is_err());
     }
 }

@@ -24,3 +24,12 @@ pub fn spinner(quiet: bool) -> ProgressBar {
     pb.enable_steady_tick(std::time::Duration::from_millis(120));
     pb
 }
+
+/// `1 epoch`, `2 epochs`.
+pub fn plural(n: u64, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}

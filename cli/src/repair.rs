@@ -1,0 +1,181 @@
+//! `walsink repair`: cuts a torn tail; with `--force`, keeps the valid prefix of a corrupted
+//! log and sets the damaged part aside, and sets a damaged commit store aside and rebuilds it.
+
+use crate::progress::plural;
+use crate::tools::storage;
+use crate::CliResult;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use walsink::storage::{FsStorage, Storage};
+use walsink::{CommitStore, ErrorKind, LocalCommitStore, Options, RecoveryMode, WalSink};
+
+/// A free name for setting `name` aside: `name.damaged`, or `name.damaged.N`.
+fn aside_name(dir: &Path, name: &str) -> String {
+    let base = format!("{name}.damaged");
+    if !dir.join(&base).exists() {
+        return base;
+    }
+    (1..)
+        .map(|n| format!("{base}.{n}"))
+        .find(|c| !dir.join(c).exists())
+        .expect("some suffix is free")
+}
+
+/// Sets a damaged `COMMITTED` file aside and writes a new one with the highest mark the log
+/// proves, or the one given. Returns the file's new name and the mark.
+fn rebuild_commit_store(
+    dir: &Path,
+    sink_id: &str,
+    subtask: u32,
+    given: Option<u64>,
+) -> CliResult<(String, Option<u64>)> {
+    let st: Arc<dyn Storage> = Arc::new(FsStorage::new(dir)?);
+    let _lock = st.lock(walsink::format::LOCK_FILE).map_err(|e| {
+        format!(
+            "{} is in use by another walsink process ({e}); stop it first",
+            dir.display()
+        )
+    })?;
+    let aside = aside_name(dir, "COMMITTED");
+    st.rename("COMMITTED", &aside)?;
+    st.sync_dir()?;
+    // Segments are freed only once every epoch in them is committed, so an epoch whose start
+    // was freed is committed: the log proves at least that mark.
+    let r = walsink::verify(&*st)?;
+    let proven = if r.problems.iter().any(|p| p.kind == "incomplete_epoch") {
+        r.checkpoints.first().map(|c| c.id)
+    } else {
+        None
+    };
+    let mark = given.or(proven);
+    if let Some(m) = mark {
+        LocalCommitStore::new(st.clone(), sink_id, subtask).mark_committed(sink_id, subtask, m)?;
+    }
+    Ok((aside, mark))
+}
+
+/// `walsink repair`.
+pub fn repair(dir: &Path, force: bool, committed: Option<u64>, json: bool) -> CliResult<ExitCode> {
+    let st = storage(dir)?;
+    let r = walsink::verify(&st)?;
+    let Some((sink_id, subtask)) = r.identity.clone() else {
+        return Err(format!(
+            "{} is not a walsink log (its identity file does not verify); refusing to change it",
+            dir.display()
+        )
+        .into());
+    };
+    let mut doc = json!({"dir": dir.display().to_string(), "changed": false});
+    let say = |doc: &mut Value, text: String, key: &str, value: Value| {
+        if !json {
+            println!("{text}");
+        }
+        doc[key] = value;
+    };
+    if r.ok {
+        say(
+            &mut doc,
+            format!("{}: nothing to repair", dir.display()),
+            "nothing_to_repair",
+            json!(true),
+        );
+        if json {
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if r.problems.iter().any(|p| p.kind == "bad_commit_store") {
+        if !force {
+            eprintln!(
+                "the commit store {}/COMMITTED is damaged; re-run with --force to set it aside and rebuild it (add --committed N if you know the target holds every checkpoint up to N)",
+                dir.display()
+            );
+            return Ok(ExitCode::from(1));
+        }
+        let (aside, mark) = rebuild_commit_store(dir, &sink_id, subtask, committed)?;
+        say(
+            &mut doc,
+            format!(
+                "set the damaged COMMITTED aside as {aside}; rebuilt it: committed through {} (checkpoints above may be delivered again; a directory sink skips those it holds)",
+                mark.map_or("none".to_string(), |m| m.to_string())
+            ),
+            "commit_store",
+            json!({"set_aside": aside, "committed": mark}),
+        );
+        doc["changed"] = json!(true);
+    }
+    let opts = Options::new(&sink_id).subtask(subtask).create(false);
+    let report = match WalSink::open(dir, opts.clone()) {
+        Ok((_, report)) => report,
+        Err(e) if matches!(e.kind(), ErrorKind::Corruption(_)) && !force => {
+            if let ErrorKind::Corruption(walsink::Damage {
+                segment,
+                offset,
+                reason,
+            }) = e.kind()
+            {
+                eprintln!("corruption in {segment} at offset {offset}: {reason}");
+            }
+            eprintln!("refusing to cut synced data; re-run with --force to keep the valid prefix and move the damaged segments aside (their checkpoints are dropped)");
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) if matches!(e.kind(), ErrorKind::Corruption(_)) => {
+            let (_, report) =
+                WalSink::open(dir, opts.recovery_mode(RecoveryMode::TruncateAtCorruption))?;
+            report
+        }
+        Err(e) => return Err(e.into()),
+    };
+    doc["changed"] = json!(true);
+    if let Some(t) = &report.torn_tail {
+        say(
+            &mut doc,
+            format!(
+                "cut a torn tail at {} offset {} ({})",
+                t.segment, t.offset, t.reason
+            ),
+            "torn_tail",
+            json!({"segment": t.segment, "offset": t.offset, "reason": t.reason.to_string()}),
+        );
+    }
+    if let Some(c) = &report.corruption {
+        say(
+            &mut doc,
+            format!(
+                "corruption at {} offset {} ({}): kept the valid prefix",
+                c.segment, c.offset, c.reason
+            ),
+            "corruption",
+            json!({"segment": c.segment, "offset": c.offset, "reason": c.reason.to_string()}),
+        );
+    }
+    for m in &report.moved_aside {
+        if !json {
+            println!("moved aside: {m}");
+        }
+    }
+    doc["moved_aside"] = json!(report.moved_aside);
+    if !report.checkpoints_dropped.is_empty() && !json {
+        println!("checkpoints dropped: {:?}", report.checkpoints_dropped);
+    }
+    doc["checkpoints_dropped"] = json!(report.checkpoints_dropped);
+    say(
+        &mut doc,
+        format!(
+            "dropped {} bytes after the cut ({} unsealed records); {} pending",
+            report.bytes_after_cut,
+            report.unsealed_records_dropped,
+            plural(report.pending.len() as u64, "checkpoint")
+        ),
+        "bytes_after_cut",
+        json!(report.bytes_after_cut),
+    );
+    doc["unsealed_records_dropped"] = json!(report.unsealed_records_dropped);
+    doc["pending"] = json!(report.pending);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -285,7 +285,7 @@ pub fn dump(args: &DumpArgs) -> CliResult<ExitCode> {
     let only = args.checkpoint;
     let mut found = only.is_none();
     let mut left = args.max_records.unwrap_or(u64::MAX);
-    walsink::dump(std::sync::Arc::new(st), |id, state, epoch| {
+    let dumped = walsink::dump(std::sync::Arc::new(st), |id, state, epoch| {
         let in_range = match id {
             Some(c) => {
                 only.is_none_or(|o| o == c)
@@ -314,10 +314,24 @@ pub fn dump(args: &DumpArgs) -> CliResult<ExitCode> {
             )?;
         }
         Ok(())
-    })?;
+    });
     out.flush()?;
+    // Damage ends the readable part: it is reported below from verify's findings.
+    let damage = match dumped {
+        Err(e) if matches!(e.kind(), walsink::ErrorKind::Corruption(_)) => Some(e),
+        other => {
+            other?;
+            None
+        }
+    };
     let problems = serious(&report);
-    if !problems.is_empty() {
+    if !problems.is_empty() || damage.is_some() {
+        if problems.is_empty() {
+            eprintln!(
+                "warning: {}",
+                damage.map(|e| e.to_string()).unwrap_or_default()
+            );
+        }
         warn_problems(dir, &problems);
         eprintln!("  (the dump above holds only the records before the damage)");
         return Ok(ExitCode::from(1));

@@ -203,6 +203,13 @@ impl Catalog {
         }
     }
 
+    /// Drops epoch `id` (lenient recovery gave it up: its front was lost).
+    pub fn forget(&mut self, id: u64) {
+        self.epochs.retain(|e| e.id != id);
+        self.deliverable_since.retain(|(e, _)| *e != id);
+        self.backlog = self.epochs.iter().map(|e| e.bytes).sum();
+    }
+
     /// Bytes held for epochs not yet committed.
     pub fn backlog_bytes(&self) -> u64 {
         self.backlog

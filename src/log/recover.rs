@@ -7,7 +7,7 @@ use crate::config::{Mode, Options, RecoveryMode};
 use crate::delivery::catalog::Catalog;
 use crate::error::Damage;
 use crate::error::{CorruptionReason, Error, Result};
-use crate::log::format::{self, FrameKind};
+use crate::log::format::{self, FrameKind, Position};
 use crate::log::layout::{DAMAGED_SUFFIX, TMP_SUFFIX};
 use crate::log::scan::{self, Event, Scan};
 use crate::storage::Storage;
@@ -58,6 +58,9 @@ pub(crate) struct Recovered {
     pub min_next_id: Option<u64>,
     /// Sequence number of the segment new frames go to.
     pub next_seq: u64,
+    /// Everything before this position is durable once recovery returns: the cut (all kept
+    /// segments were synced). New control frames claim it, so a front lost later is seen.
+    pub durable_end: Position,
     /// Segments kept, ascending.
     pub keep: Vec<u64>,
     /// Free segments available for reuse.
@@ -78,7 +81,7 @@ pub(crate) fn recover(
         scan.damage = None;
     }
     let mut report = decide(&scan, options.recovery_mode, committed)?;
-    let (cat, min_next_id) = rebuild_catalog(&scan, committed, options.mode, &mut report)?;
+    let (cat, min_next_id) = rebuild_catalog(&scan, committed, options, &mut report)?;
     let keep = repair(storage, &scan, &mut report)?;
     let next_seq = match scan.segments.first() {
         Some(_) => scan.cut.seq + 1,
@@ -89,6 +92,13 @@ pub(crate) fn recover(
         report,
         min_next_id,
         next_seq,
+        durable_end: match scan.segments.first() {
+            Some(_) if scan.cut_seed.is_some() => scan.cut,
+            _ => Position {
+                seq: next_seq,
+                offset: 0,
+            },
+        },
         keep,
         free: scan.free.clone(),
     })
@@ -127,6 +137,14 @@ fn decide(scan: &Scan, mode: RecoveryMode, committed: Option<u64>) -> Result<Rec
         }
         report.checkpoints_dropped = scan.barriers_after_damage.clone();
     }
+    // Segments lost from the front: what they held was durable and is gone. Lenient recovery
+    // keeps what is there and reports it.
+    if let Some(lost) = scan.lost_front(committed) {
+        if mode != RecoveryMode::TruncateAtCorruption {
+            return Err(Error::corruption(lost.segment, lost.offset, lost.reason));
+        }
+        report.corruption.get_or_insert(lost);
+    }
 
     Ok(report)
 }
@@ -136,7 +154,7 @@ fn decide(scan: &Scan, mode: RecoveryMode, committed: Option<u64>) -> Result<Rec
 fn rebuild_catalog(
     scan: &Scan,
     committed: Option<u64>,
-    mode: Mode,
+    options: &Options,
     report: &mut RecoveryReport,
 ) -> Result<(Catalog, Option<u64>)> {
     let mut cat = Catalog::default();
@@ -181,20 +199,32 @@ fn rebuild_catalog(
     }
     // An epoch whose first frames are gone (its segments were freed) is fine only if it
     // was committed or voided; one that is still pending lost data.
-    if let Some(e) = partial
-        .iter()
-        .find(|e| cat.epochs.iter().any(|p| p.id == e.info.id))
-    {
-        let reason = CorruptionReason::IncompleteEpoch {
-            checkpoint: e.info.id,
-            expected: e.info.records,
-            found: e.found,
+    // Lenient recovery drops such an epoch and reports it; the other modes refuse.
+    let pending_partial: Vec<_> = partial
+        .into_iter()
+        .filter(|e| cat.epochs.iter().any(|p| p.id == e.info.id))
+        .collect();
+    for e in pending_partial {
+        let damage = Damage {
+            segment: format::segment_name(e.info.barrier.seq),
+            offset: e.info.barrier.offset,
+            reason: CorruptionReason::IncompleteEpoch {
+                checkpoint: e.info.id,
+                expected: e.info.records,
+                found: e.found,
+            },
         };
-        return Err(Error::corruption(
-            format::segment_name(e.info.barrier.seq),
-            e.info.barrier.offset,
-            reason,
-        ));
+        if options.recovery_mode != RecoveryMode::TruncateAtCorruption {
+            return Err(Error::corruption(
+                damage.segment,
+                damage.offset,
+                damage.reason,
+            ));
+        }
+        cat.forget(e.info.id);
+        barriers.retain(|(id, _, _)| *id != e.info.id);
+        report.checkpoints_dropped.push(e.info.id);
+        report.corruption.get_or_insert(damage);
     }
     cat.committed_barrier = barriers
         .iter()
@@ -205,7 +235,7 @@ fn rebuild_catalog(
         report.last_checkpoint = Some(id);
         report.last_metadata = Some(meta);
     }
-    if mode == Mode::Durable {
+    if options.mode == Mode::Durable {
         if let Some(last) = cat.epochs.back().map(|e| e.id) {
             cat.complete(last);
         }

@@ -80,6 +80,8 @@ pub(crate) struct Scan {
     pub barriers_after_damage: Vec<u64>,
     /// Highest segment number of any file seen (segments, free, damaged).
     pub max_seq_seen: u64,
+    /// `durable_through` of the first control frame of the valid prefix.
+    pub first_claim: Option<Position>,
     /// The directory holds a commit mark (`COMMITTED`).
     pub has_commit_mark: bool,
     /// The directory holds an identity file (`WALSINK`).
@@ -103,6 +105,28 @@ impl Scan {
             }
         }
         voided
+    }
+
+    /// Segments lost from the front of a log in which nothing was ever committed (so nothing
+    /// could have been freed): the first control frame claims data durable in a segment
+    /// before the oldest one present. (Recovery's own claim reaches back to its cut, so this
+    /// holds across restarts.)
+    pub fn lost_front(&self, committed: Option<u64>) -> Option<Damage> {
+        let first = *self.segments.first()?;
+        let claim = self.first_claim?;
+        if claim.seq >= first {
+            return None;
+        }
+        // Clean-up frees segments only after a commit: with nothing committed, none was.
+        if committed.is_some() {
+            return None;
+        }
+        let seq = first - 1;
+        Some(Damage {
+            segment: format::segment_name(seq),
+            offset: 0,
+            reason: CorruptionReason::MissingSegment { seq },
+        })
     }
 
     /// True when the damage lies in data that a completed sync covered.
@@ -330,6 +354,7 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                         };
                         return Err(Error::corruption(name, at as u64, reason));
                     }
+                    scan.first_claim.get_or_insert(b.durable_through);
                     if b.is_reservation() && records == 0 {
                         scan.events.push(Event::Reserve(b.checkpoint));
                     } else {
@@ -359,6 +384,7 @@ fn read_prefix(storage: &dyn Storage, scan: &mut Scan) -> Result<()> {
                         finish_tail(scan, records, bytes);
                         return Ok(());
                     };
+                    scan.first_claim.get_or_insert(r.durable_through);
                     scan.events.push(Event::Restore {
                         restored_to: r.restored_to,
                     });

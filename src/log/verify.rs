@@ -299,6 +299,17 @@ fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
             ));
         }
     }
+    if let Some(d) = scan.lost_front(r.committed) {
+        r.problems.push(problem(
+            d.segment,
+            d.offset,
+            ProblemKind::Corruption(d.reason.clone()),
+            format!(
+                "nothing was ever committed, yet the oldest segment present is not the first: {}",
+                d.reason
+            ),
+        ));
+    }
     r.ok = r.problems.is_empty();
     Ok(r)
 }
@@ -389,6 +400,15 @@ pub fn dump(
             Some(e) => return Err(e),
             None => written.map_err(|e| Error::io("write the dump", e))?,
         }
+    }
+    // Damage to synced data ends what can be read: the records between the last checkpoint
+    // and it belong to a damaged epoch, not to an unsealed tail, and the damage is the result.
+    let damage = match &scan.damage {
+        Some((_, d)) if scan.damage_is_durable() => Some(d.clone()),
+        _ => scan.lost_front(committed),
+    };
+    if let Some(d) = damage {
+        return Err(Error::corruption(d.segment, d.offset, d.reason));
     }
     if scan.tail_records > 0 {
         let key = EpochKey {

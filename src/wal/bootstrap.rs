@@ -79,12 +79,13 @@ pub(super) fn check_identity(storage: &dyn Storage, options: &Options) -> Result
 /// ids again (a target keeping its own marker may hold their epochs), the newest of them is
 /// reserved: an id-reservation barrier (`docs/design.md`, "Recovery") goes into the new
 /// segment and is made durable before `open` returns. Returns the position everything before
-/// is durable up to.
+/// is durable up to when it wrote one.
 pub(super) fn reserve_dropped_ids(
     storage: &dyn Storage,
     seg: &mut SegmentWriter,
     report: &RecoveryReport,
-) -> Result<Position> {
+    durable_end: Position,
+) -> Result<Option<Position>> {
     let start = Position {
         seq: seg.seq(),
         offset: 0,
@@ -96,7 +97,7 @@ pub(super) fn reserve_dropped_ids(
         .filter(|&&id| report.committed.is_none_or(|c| id > c))
         .max()
     else {
-        return Ok(start);
+        return Ok(None);
     };
     let io = |e| {
         Error::io(
@@ -104,12 +105,12 @@ pub(super) fn reserve_dropped_ids(
             e,
         )
     };
-    let reservation = format::Barrier::reservation(id, start);
+    let reservation = format::Barrier::reservation(id, durable_end);
     seg.append(FrameKind::Barrier, &[&reservation.encode_fixed()])
         .map_err(io)?;
     seg.take_sync_set()
         .map_err(io)?
         .sync(storage)
         .map_err(|(context, e)| Error::io(context, e))?;
-    Ok(seg.position())
+    Ok(Some(seg.position()))
 }

@@ -157,6 +157,7 @@ impl WalSink {
             mut report,
             min_next_id,
             next_seq,
+            durable_end,
             mut keep,
             mut free,
         } = recover::recover(&*storage, &options, committed, fresh)?;
@@ -206,7 +207,8 @@ impl WalSink {
             .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
         let mut seg = seg;
         seg.dir_synced();
-        let synced = bootstrap::reserve_dropped_ids(&*storage, &mut seg, &report)?;
+        let synced = bootstrap::reserve_dropped_ids(&*storage, &mut seg, &report, durable_end)?
+            .unwrap_or(durable_end);
         keep.push(next_seq);
         cat.segments = keep.into_iter().collect();
         cat.free = free;

@@ -11,18 +11,6 @@ use std::sync::Arc;
 use walsink::storage::{FsStorage, Storage};
 use walsink::{CommitStore, ErrorKind, LocalCommitStore, Options, RecoveryMode, WalSink};
 
-/// A free name for setting `name` aside: `name.damaged`, or `name.damaged.N`.
-fn aside_name(dir: &Path, name: &str) -> String {
-    let base = format!("{name}.damaged");
-    if !dir.join(&base).exists() {
-        return base;
-    }
-    (1..)
-        .map(|n| format!("{base}.{n}"))
-        .find(|c| !dir.join(c).exists())
-        .expect("some suffix is free")
-}
-
 /// Sets a damaged `COMMITTED` file aside and writes a new one with the highest mark the log
 /// proves, or the one given. Returns the file's new name and the mark.
 fn rebuild_commit_store(
@@ -38,7 +26,8 @@ fn rebuild_commit_store(
             dir.display()
         )
     })?;
-    let aside = aside_name(dir, "COMMITTED");
+    let aside =
+        walsink::format::set_aside_name(walsink::format::COMMIT_FILE, |n| dir.join(n).exists());
     st.rename("COMMITTED", &aside)?;
     st.sync_dir()?;
     // Segments are freed only once every epoch in them is committed, so an epoch whose start
@@ -129,27 +118,27 @@ pub fn repair(dir: &Path, force: bool, committed: Option<u64>, json: bool) -> Cl
         Err(e) => return Err(e.into()),
     };
     doc["changed"] = json!(true);
-    if let Some(t) = &report.torn_tail {
-        say(
-            &mut doc,
-            format!(
-                "cut a torn tail at {} offset {} ({})",
-                t.segment, t.offset, t.reason
-            ),
-            "torn_tail",
-            json!({"segment": t.segment, "offset": t.offset, "reason": t.reason.to_string()}),
-        );
-    }
-    if let Some(c) = &report.corruption {
-        say(
-            &mut doc,
-            format!(
-                "corruption at {} offset {} ({}): kept the valid prefix",
-                c.segment, c.offset, c.reason
-            ),
+    let found = [
+        ("torn_tail", "cut a torn tail at", "", &report.torn_tail),
+        (
             "corruption",
-            json!({"segment": c.segment, "offset": c.offset, "reason": c.reason.to_string()}),
-        );
+            "corruption at",
+            ": kept the valid prefix",
+            &report.corruption,
+        ),
+    ];
+    for (key, what, then, damage) in found {
+        if let Some(d) = damage {
+            say(
+                &mut doc,
+                format!(
+                    "{what} {} offset {} ({}){then}",
+                    d.segment, d.offset, d.reason
+                ),
+                key,
+                json!({"segment": d.segment, "offset": d.offset, "reason": d.reason.to_string()}),
+            );
+        }
     }
     for m in &report.moved_aside {
         if !json {

@@ -194,9 +194,7 @@ fn run<S: Sink>(shared: &Shared, mut sink: S, stop: &AtomicBool) {
     while !stop.load(Ordering::Acquire) {
         match step(shared, &mut d, &mut sink) {
             Ok(Step::Done(_)) => attempt = 0,
-            Ok(Step::Idle) => {
-                shared.wait_for_work(stop, Some(d.delivered), Duration::from_millis(200))
-            }
+            Ok(Step::Idle) => shared.wait_for_epoch(stop, d.delivered, Duration::from_millis(200)),
             Err(e) => {
                 attempt = attempt.saturating_add(1);
                 shared.note_error(&e, attempt);
@@ -207,7 +205,7 @@ fn run<S: Sink>(shared: &Shared, mut sink: S, stop: &AtomicBool) {
                 } else {
                     retry.delay(attempt, &mut rng)
                 };
-                shared.wait_for_work(stop, None, delay);
+                shared.pause(stop, delay);
             }
         }
     }

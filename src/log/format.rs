@@ -5,7 +5,7 @@
 //! only implementation. All integers are little-endian.
 
 pub use super::layout::{
-    free_name, parse_numbered, segment_name, COMMIT_FILE, IDENTITY_FILE, LOCK_FILE,
+    free_name, parse_numbered, segment_name, set_aside_name, COMMIT_FILE, IDENTITY_FILE, LOCK_FILE,
     MAX_METADATA_LIMIT, MAX_RECORD_LIMIT,
 };
 use crate::error::CorruptionReason;

@@ -44,6 +44,19 @@ pub fn parse_numbered(name: &str, ext: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// The name under which file `name` is set aside: `NAME.damaged`, or `NAME.K.damaged` with
+/// the smallest `K` from 1 whose name is not `taken`. Set-aside files are never overwritten.
+pub fn set_aside_name(name: &str, taken: impl Fn(&str) -> bool) -> String {
+    let first = format!("{name}{DAMAGED_SUFFIX}");
+    if !taken(&first) {
+        return first;
+    }
+    (1u64..)
+        .map(|k| format!("{name}.{k}{DAMAGED_SUFFIX}"))
+        .find(|n| !taken(n))
+        .expect("a free name exists")
+}
+
 /// The segment number a set-aside or temporary file name starts with, if any.
 pub(crate) fn leading_seq(name: &str) -> Option<u64> {
     name.get(..20).and_then(|d| d.parse().ok())
@@ -84,5 +97,21 @@ pub(crate) fn read_small_file<T>(
         Err(format::HeaderError::Bad) => {
             Err(Error::corruption(name, 0, CorruptionReason::BadHeader))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_aside_names_never_repeat_and_stay_recognisable() {
+        let mut taken = std::collections::HashSet::new();
+        for _ in 0..3 {
+            let n = set_aside_name(COMMIT_FILE, |n| taken.contains(n));
+            assert!(n.ends_with(DAMAGED_SUFFIX), "{n}");
+            assert!(taken.insert(n));
+        }
+        assert!(taken.contains("COMMITTED.2.damaged"));
     }
 }

@@ -16,7 +16,7 @@
 use crate::delivery::catalog::EpochInfo;
 use crate::error::{CorruptionReason, Error, Result};
 use crate::log::format::{self, FrameError, FrameKind, Position, Seed};
-use crate::storage::Storage;
+use crate::storage::{Storage, StorageFile};
 use crate::{Epoch, EpochKey};
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -55,10 +55,21 @@ pub(crate) struct Extent {
     pub start: Position,
     /// Where the data frames end: the barrier's position, or the end of the valid prefix.
     pub stop: Position,
-    /// The barrier expected at `stop` (checkpoint id and record count), if any.
-    pub barrier: Option<(u64, u64)>,
+    /// The barrier expected at `stop`, if any.
+    pub barrier: Option<Barrier>,
     /// Bytes read at once (unless one frame is larger).
     pub chunk: usize,
+}
+
+/// The barrier an epoch's data frames end at: what it must say, and its size on disk.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Barrier {
+    /// Checkpoint id.
+    pub id: u64,
+    /// Records it counts.
+    pub records: u64,
+    /// Bytes its frame takes (known from the metadata's length).
+    pub frame_size: usize,
 }
 
 /// One chunk of an epoch: verified data frames in one buffer.
@@ -82,13 +93,24 @@ pub(crate) struct Reader {
     failure: Mutex<Option<Error>>,
 }
 
-/// Where the next chunk of an epoch starts.
+/// Where the next chunk of an epoch starts, and the segment being read.
 #[derive(Debug, Clone)]
 pub(crate) struct Cursor {
     pos: Position,
-    seed: Option<Seed>,
+    /// The segment `pos` is in, once opened: opened, its header read and its length taken
+    /// once per segment, not once per chunk.
+    seg: Option<OpenSegment>,
     index: u64,
     done: bool,
+}
+
+/// A segment opened for reading.
+#[derive(Debug, Clone)]
+struct OpenSegment {
+    seq: u64,
+    file: Arc<dyn StorageFile>,
+    seed: Seed,
+    len: u64,
 }
 
 impl Reader {
@@ -104,7 +126,7 @@ impl Reader {
     pub fn cursor(&self) -> Cursor {
         Cursor {
             pos: self.extent.start,
-            seed: None,
+            seg: None,
             index: 0,
             done: false,
         }
@@ -125,6 +147,29 @@ impl Reader {
     /// The first read failure a sink was handed, if any.
     pub fn take_failure(&self) -> Option<Error> {
         self.failure.lock().take()
+    }
+
+    /// Segment `seq`, opened once per cursor: the file, its seed (from a verified header) and
+    /// its length.
+    fn segment<'c>(&self, cur: &'c mut Cursor, seq: u64) -> Result<&'c OpenSegment> {
+        if cur.seg.as_ref().is_none_or(|s| s.seq != seq) {
+            let name = format::segment_name(seq);
+            let io = |what: &str, e| Error::io(format!("{what} segment {name}"), e);
+            let file = self.storage.open(&name).map_err(|e| io("open", e))?;
+            let header = file
+                .read_range(0, format::SEGMENT_HEADER_LEN)
+                .map_err(|e| io("read", e))?;
+            let seed = format::decode_segment_header(&header, seq)
+                .map_err(|_| Error::corruption(&name, 0, CorruptionReason::BadHeader))?;
+            let len = file.len().map_err(|e| io("stat", e))?;
+            cur.seg = Some(OpenSegment {
+                seq,
+                file,
+                seed,
+                len,
+            });
+        }
+        Ok(cur.seg.as_ref().expect("opened above"))
     }
 
     /// Reads every chunk now (for an epoch small enough to verify whole before delivery).
@@ -150,26 +195,19 @@ impl Reader {
                 cur.done = true;
                 return Ok(None);
             }
-            let name = format::segment_name(cur.pos.seq);
-            let io = |what: &str, e| Error::io(format!("{what} segment {name}"), e);
-            let file = self.storage.open(&name).map_err(|e| io("open", e))?;
-            let seed = match cur.seed {
-                Some(s) => s,
-                None => {
-                    let header = file
-                        .read_range(0, format::SEGMENT_HEADER_LEN)
-                        .map_err(|e| io("read", e))?;
-                    let seed = format::decode_segment_header(&header, cur.pos.seq)
-                        .map_err(|_| Error::corruption(&name, 0, CorruptionReason::BadHeader))?;
-                    cur.seed = Some(seed);
-                    seed
-                }
+            let seg = self.segment(cur, cur.pos.seq)?.clone();
+            let (file, seed) = (&seg.file, seg.seed);
+            let io = |what: &str, e| {
+                Error::io(
+                    format!("{what} segment {}", format::segment_name(seg.seq)),
+                    e,
+                )
             };
             // Read up to the barrier in its segment, or the file's end in an earlier one.
             let limit = if cur.pos.seq == ext.stop.seq {
                 ext.stop.offset
             } else {
-                file.len().map_err(|e| io("stat", e))?
+                seg.len
             };
             let left = limit.saturating_sub(cur.pos.offset) as usize;
             let mut want = left.min(ext.chunk);
@@ -193,10 +231,6 @@ impl Reader {
             };
             let first = cur.index;
             cur.index += count;
-            if next.seq != cur.pos.seq {
-                // On to the next segment: its header gives the seed.
-                cur.seed = None;
-            }
             cur.pos = next;
             if count == 0 {
                 self.pool.give_back(buf);
@@ -211,35 +245,24 @@ impl Reader {
     }
 
     /// At the end of the data frames: the barrier is there and counts what was read.
-    fn finish(&self, cur: &Cursor) -> Result<()> {
+    fn finish(&self, cur: &mut Cursor) -> Result<()> {
         let ext = &self.extent;
-        let Some((id, records)) = ext.barrier else {
+        let Some(Barrier {
+            id,
+            records,
+            frame_size,
+        }) = ext.barrier
+        else {
             return Ok(());
         };
         let name = format::segment_name(ext.stop.seq);
         let bad = |reason| Error::corruption(&name, ext.stop.offset, reason);
-        let file = self
-            .storage
-            .open(&name)
-            .map_err(|e| Error::io(format!("open segment {name}"), e))?;
-        let seed = match cur.seed.filter(|s| s.seq == ext.stop.seq) {
-            Some(s) => s,
-            None => {
-                let header = file
-                    .read_range(0, format::SEGMENT_HEADER_LEN)
-                    .map_err(|e| Error::io(format!("read segment {name}"), e))?;
-                format::decode_segment_header(&header, ext.stop.seq)
-                    .map_err(|_| Error::corruption(&name, 0, CorruptionReason::BadHeader))?
-            }
-        };
-        let head = file
-            .read_range(ext.stop.offset, format::FRAME_HEADER_LEN)
+        let seg = self.segment(cur, ext.stop.seq)?;
+        let frame = seg
+            .file
+            .read_range(ext.stop.offset, frame_size)
             .map_err(|e| Error::io(format!("read segment {name}"), e))?;
-        let size = format::declared_frame_size(&head, 0).unwrap_or(format::FRAME_HEADER_LEN);
-        let frame = file
-            .read_range(ext.stop.offset, size)
-            .map_err(|e| Error::io(format!("read segment {name}"), e))?;
-        let ok = format::decode_frame_in(&frame, seed, ext.stop.offset, 0)
+        let ok = format::decode_frame_in(&frame, seg.seed, ext.stop.offset, 0)
             .ok()
             .filter(|f| f.kind == FrameKind::Barrier)
             .and_then(|f| format::Barrier::decode(f.payload))
@@ -357,7 +380,11 @@ pub(crate) fn load_epoch(
         Extent {
             start: e.start,
             stop: e.barrier,
-            barrier: Some((e.id, e.records)),
+            barrier: Some(Barrier {
+                id: e.id,
+                records: e.records,
+                frame_size: format::frame_size(format::BARRIER_FIXED_LEN + e.metadata.len()),
+            }),
             chunk,
         },
     ));

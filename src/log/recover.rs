@@ -1,14 +1,13 @@
 //! Applying recovery: deciding on the damage a scan found (per [`RecoveryMode`]), rebuilding
 //! the epoch catalog from the control frames of the valid prefix, and repairing the directory
 //! (cut, set aside, sync) before anything new is written. The rules are `docs/design.md`
-//! ("Recovery"); the scan itself is `recovery.rs`.
+//! ("Recovery"); the scan itself is `scan.rs`.
 
 use crate::config::{Mode, Options, RecoveryMode};
 use crate::delivery::catalog::Catalog;
-use crate::error::Damage;
-use crate::error::{CorruptionReason, Error, Result};
+use crate::error::{CorruptionReason, Damage, Error, Result};
 use crate::log::format::{self, FrameKind, Position};
-use crate::log::layout::{DAMAGED_SUFFIX, TMP_SUFFIX};
+use crate::log::layout::{self, TMP_SUFFIX};
 use crate::log::scan::{self, Event, Scan};
 use crate::storage::Storage;
 
@@ -247,7 +246,9 @@ fn rebuild_catalog(
 /// Cuts at the end of the last control frame, drops (or, after corruption, sets aside) what
 /// follows, and makes everything kept durable. Returns the segments kept.
 fn repair(storage: &dyn Storage, scan: &Scan, report: &mut RecoveryReport) -> Result<Vec<u64>> {
-    let lenient = report.corruption.is_some();
+    // Segments after damage to synced data are set aside, never removed; those after a torn
+    // tail are what an unfinished sync left and go.
+    let lenient = scan.damage.is_some() && scan.damage_is_durable();
     // Repair: cut at the end of the last control frame, drop (or set aside) what follows,
     // and make everything kept durable before anything new is written.
     let mut keep: Vec<u64> = scan.segments.clone();
@@ -342,12 +343,7 @@ impl AsideNames {
     }
 
     fn next(&mut self, name: &str) -> String {
-        let mut aside = format!("{name}{DAMAGED_SUFFIX}");
-        let mut k = 1u64;
-        while self.0.contains(&aside) {
-            aside = format!("{name}.{k}{DAMAGED_SUFFIX}");
-            k += 1;
-        }
+        let aside = layout::set_aside_name(name, |n| self.0.contains(n));
         self.0.insert(aside.clone());
         aside
     }

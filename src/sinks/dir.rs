@@ -69,28 +69,20 @@ fn with_path(e: io::Error, what: &str, path: &Path) -> SinkError {
     err.with_source(e)
 }
 
-/// Buffered sequential writes into a [`StorageFile`].
-struct FileWriter<'a> {
+/// Sequential writes into a [`StorageFile`] (which writes at offsets), for a `BufWriter`.
+struct Appender<'a> {
     file: &'a dyn StorageFile,
     at: u64,
-    buf: Vec<u8>,
 }
 
-impl Write for FileWriter<'_> {
+impl Write for Appender<'_> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= 1 << 20 {
-            self.flush()?;
-        }
+        self.file.write_at(self.at, data)?;
+        self.at += data.len() as u64;
         Ok(data.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        if !self.buf.is_empty() {
-            self.file.write_at(self.at, &self.buf)?;
-            self.at += self.buf.len() as u64;
-            self.buf.clear();
-        }
         Ok(())
     }
 }
@@ -286,14 +278,11 @@ impl DirSink {
             .storage
             .create(&tmp)
             .map_err(|e| with_path(e, "create", &self.path(&tmp)))?;
-        let mut w = FileWriter {
-            file: &*f,
-            at: 0,
-            buf: Vec::with_capacity(1 << 20),
-        };
+        let mut w = io::BufWriter::with_capacity(1 << 20, Appender { file: &*f, at: 0 });
         write(&mut w)
             .and_then(|_| w.flush())
             .map_err(|e| with_path(e, "write", &self.path(&tmp)))?;
+        drop(w);
         f.sync_data()
             .map_err(|e| with_path(e, "sync", &self.path(&tmp)))?;
         drop(f);

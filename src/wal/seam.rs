@@ -98,31 +98,28 @@ impl Shared {
         &self.opts.retry
     }
 
-    /// Waits up to `timeout` (less if woken) unless `stop` is set; with `after`, only while no
-    /// epoch after it is deliverable.
-    pub(crate) fn wait_for_work(
-        &self,
-        stop: &AtomicBool,
-        after: Option<Option<u64>>,
-        timeout: Duration,
-    ) {
+    /// Waits up to `timeout` (less if woken) for an epoch after `after` to become deliverable,
+    /// unless `stop` is set or one already is.
+    pub(crate) fn wait_for_epoch(&self, stop: &AtomicBool, after: Option<u64>, timeout: Duration) {
         let mut cat = self.cat.lock();
-        if stop.load(Ordering::Acquire) {
-            return;
+        let ready = cat
+            .epochs
+            .iter()
+            .any(|e| cat.is_deliverable(e.id) && after.is_none_or(|x| e.id > x));
+        if !ready && !stop.load(Ordering::Acquire) {
+            self.cat_cv.wait_for(&mut cat, timeout);
         }
-        if let Some(after) = after {
-            let ready = cat
-                .epochs
-                .iter()
-                .any(|e| cat.is_deliverable(e.id) && after.is_none_or(|x| e.id > x));
-            if ready {
-                return;
-            }
-        }
-        self.cat_cv.wait_for(&mut cat, timeout);
     }
 
-    /// Wakes a committer waiting in [`Shared::wait_for_work`].
+    /// Waits `delay` (less if woken) unless `stop` is set: the backoff before a retry.
+    pub(crate) fn pause(&self, stop: &AtomicBool, delay: Duration) {
+        let mut cat = self.cat.lock();
+        if !stop.load(Ordering::Acquire) {
+            self.cat_cv.wait_for(&mut cat, delay);
+        }
+    }
+
+    /// Wakes a committer waiting in [`Shared::wait_for_epoch`] or [`Shared::pause`].
     pub(crate) fn wake(&self) {
         let _cat = self.cat.lock();
         self.cat_cv.notify_all();

@@ -227,7 +227,9 @@ impl Error {
         }
     }
 
-    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
+    /// An I/O error, with what was being done (`context`, for example "sync directory
+    /// /var/log/x"); for storage backends and drivers outside this crate.
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         ErrorKind::Io {
             context: context.into(),
             source,
@@ -255,7 +257,8 @@ impl Error {
         .into()
     }
 
-    pub(crate) fn invalid_op(message: impl Into<String>) -> Self {
+    /// A call that is not allowed in the current state (`message` says why and what to do).
+    pub fn invalid_op(message: impl Into<String>) -> Self {
         ErrorKind::InvalidOperation {
             message: message.into(),
         }

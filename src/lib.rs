@@ -15,11 +15,12 @@ mod wal;
 pub use config::{validate_sink_id, FullPolicy, Mode, Options, RecoveryMode, RetryPolicy};
 pub use delivery::catalog::{CheckpointState, Health, PendingCheckpoint};
 pub use delivery::commit_store::{CommitStore, LocalCommitStore, MemoryCommitStore};
-#[cfg(feature = "failpoints")]
-pub use delivery::committer::fail;
 pub use delivery::committer::Committer;
+#[cfg(feature = "failpoints")]
+pub use delivery::deliverer::fail;
+pub use delivery::deliverer::{Deliverer, Next, Pending};
 pub use delivery::sink::{
-    Chunk, ChunkRecords, Chunks, Epoch, EpochKey, Record, RecordPosition, Records, Sink,
+    Chunk, ChunkRecords, Chunks, Epoch, EpochKey, IntoChunks, Record, RecordPosition, Records, Sink,
 };
 pub use error::{CorruptionReason, Damage, Error, ErrorKind, Result, SinkError, SinkErrorClass};
 pub use log::format;

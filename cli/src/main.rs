@@ -12,6 +12,7 @@ mod progress;
 mod repair;
 mod resume;
 mod source;
+mod targets;
 mod tools;
 
 use clap::{Parser, Subcommand};

@@ -274,15 +274,22 @@ pub fn run(args: PipeArgs) -> CliResult<ExitCode> {
             out.display().to_string()
         }
         SinkSpec::Stdout => "standard output".to_string(),
+        SinkSpec::Target(t) => t.shown(),
     };
     let target_epochs = |out: &Path| {
         DirSink::committed(out, &args.sink_id, 0)
             .map_err(|e| format!("cannot read the sink directory {}: {e}", out.display()))
     };
+    let target_of = |spec: &SinkSpec| -> CliResult<Option<Vec<walsink::sinks::CommittedEpoch>>> {
+        match spec {
+            SinkSpec::Dir(out) => Ok(Some(target_epochs(out)?)),
+            SinkSpec::Stdout => Ok(None),
+            SinkSpec::Target(t) => t.committed(&args.sink_id, 0),
+        }
+    };
     // Refuse a target that belongs to another log before a new log is created.
-    if let SinkSpec::Dir(out) = &sink_spec {
-        if !is_log(&args.wal) {
-            let epochs = target_epochs(out)?;
+    if !is_log(&args.wal) {
+        if let Some(epochs) = target_of(&sink_spec)? {
             resume::decide(
                 &RecoveryReport::default(),
                 Some((&out_shown, &epochs)),
@@ -299,10 +306,7 @@ pub fn run(args: PipeArgs) -> CliResult<ExitCode> {
         opts = opts.max_backlog_bytes(b, FullPolicy::Reject);
     }
     let (wal, report) = WalSink::open(&args.wal, opts).map_err(|e| explain_open(e, &args.wal))?;
-    let target = match &sink_spec {
-        SinkSpec::Dir(out) => Some(target_epochs(out)?),
-        SinkSpec::Stdout => None,
-    };
+    let target = target_of(&sink_spec)?;
     let resume = resume::decide(
         &report,
         target.as_deref().map(|t| (out_shown.as_str(), t)),
@@ -357,6 +361,9 @@ pub fn run(args: PipeArgs) -> CliResult<ExitCode> {
             },
             watch.clone(),
         )),
+        SinkSpec::Target(t) => {
+            Box::new(Watched::new(t.open_sink(&args.sink_id, 0)?, watch.clone()))
+        }
     };
     let committer = wal.spawn_committer(sink)?;
     let start_offset = source.offset();

@@ -111,6 +111,8 @@ fn parse_record_bytes(s: &str) -> Result<usize, String> {
 pub(crate) enum SinkSpec {
     Dir(PathBuf),
     Stdout,
+    /// A target named by URL (see `targets`).
+    Target(Box<dyn crate::targets::Target>),
 }
 
 pub(crate) fn parse_sink(spec: &str) -> CliResult<SinkSpec> {
@@ -125,7 +127,19 @@ pub(crate) fn parse_sink(spec: &str) -> CliResult<SinkSpec> {
             Ok(SinkSpec::Dir(p))
         }
         None if spec == "stdout" => Ok(SinkSpec::Stdout),
-        _ => Err(format!("unknown sink {spec:?}: use dir:PATH or stdout").into()),
+        _ => match crate::targets::parse(spec) {
+            Some(t) => Ok(SinkSpec::Target(t?)),
+            None => {
+                let mut known = vec!["dir:PATH".to_string(), "stdout".to_string()];
+                known.extend(crate::targets::schemes().iter().map(|s| format!("{s}://…")));
+                Err(format!(
+                    "unknown sink {:?}: use {}",
+                    crate::targets::redact(spec),
+                    known.join(", ")
+                )
+                .into())
+            }
+        },
     }
 }
 

@@ -4,4 +4,5 @@
 pub(crate) mod catalog;
 pub(crate) mod commit_store;
 pub(crate) mod committer;
+pub(crate) mod deliverer;
 pub(crate) mod sink;

@@ -105,10 +105,31 @@ impl Epoch {
     pub fn chunks(&self) -> Chunks<'_> {
         Chunks {
             epoch: self,
-            state: match &self.loaded {
-                Some(_) => ChunksState::Loaded(0),
-                None => ChunksState::Reading(self.reader.cursor()),
-            },
+            state: self.first_state(),
+        }
+    }
+
+    /// Like [`Epoch::chunks`], but owning a handle to the epoch, so the iterator can move
+    /// between threads (for example into `spawn_blocking`). Cheap: the epoch's buffers are
+    /// shared, not copied.
+    pub fn into_chunks(self) -> IntoChunks {
+        IntoChunks {
+            state: self.first_state(),
+            epoch: self,
+        }
+    }
+
+    /// True when the epoch was read and verified whole before it was handed out, so reading
+    /// its chunks never touches the log; false for an epoch larger than one chunk, whose
+    /// chunks are read (blocking) as they are iterated.
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.is_some()
+    }
+
+    fn first_state(&self) -> ChunksState {
+        match &self.loaded {
+            Some(_) => ChunksState::Loaded(0),
+            None => ChunksState::Reading(self.reader.cursor()),
         }
     }
 
@@ -223,39 +244,66 @@ impl Iterator for Chunks<'_> {
     type Item = crate::Result<Chunk>;
 
     fn next(&mut self) -> Option<crate::Result<Chunk>> {
-        let reader = &self.epoch.reader;
-        let raw = match &mut self.state {
-            ChunksState::Done => return None,
-            ChunksState::Loaded(i) => {
-                let raw = self.epoch.loaded.as_ref()?.get(*i)?;
-                *i += 1;
-                RawChunk {
-                    buf: raw.buf.clone(),
-                    first: raw.first,
-                    count: raw.count,
-                }
-            }
-            ChunksState::Reading(cursor) => match reader.next_chunk(cursor) {
-                Ok(Some(raw)) => raw,
-                Ok(None) => {
-                    self.state = ChunksState::Done;
-                    return None;
-                }
-                Err(e) => {
-                    reader.note_failure(&e);
-                    self.state = ChunksState::Done;
-                    return Some(Err(e));
-                }
-            },
-        };
-        Some(Ok(Chunk {
-            buf: raw.buf,
-            first: raw.first,
-            count: raw.count,
-            checkpoint: self.epoch.key.checkpoint,
-            reader: reader.clone(),
-        }))
+        next_chunk(self.epoch, &mut self.state)
     }
+}
+
+/// Owning iterator over the chunks of an [`Epoch`]; see [`Epoch::into_chunks`].
+#[derive(Debug)]
+pub struct IntoChunks {
+    epoch: Epoch,
+    state: ChunksState,
+}
+
+impl IntoChunks {
+    /// True when the next call to `next` may read the log (a blocking read): the epoch was
+    /// too large to be read before delivery. Async code runs such calls off the runtime.
+    pub fn reads_log(&self) -> bool {
+        matches!(self.state, ChunksState::Reading(_))
+    }
+}
+
+impl Iterator for IntoChunks {
+    type Item = crate::Result<Chunk>;
+
+    fn next(&mut self) -> Option<crate::Result<Chunk>> {
+        next_chunk(&self.epoch, &mut self.state)
+    }
+}
+
+fn next_chunk(epoch: &Epoch, state: &mut ChunksState) -> Option<crate::Result<Chunk>> {
+    let reader = &epoch.reader;
+    let raw = match state {
+        ChunksState::Done => return None,
+        ChunksState::Loaded(i) => {
+            let raw = epoch.loaded.as_ref()?.get(*i)?;
+            *i += 1;
+            RawChunk {
+                buf: raw.buf.clone(),
+                first: raw.first,
+                count: raw.count,
+            }
+        }
+        ChunksState::Reading(cursor) => match reader.next_chunk(cursor) {
+            Ok(Some(raw)) => raw,
+            Ok(None) => {
+                *state = ChunksState::Done;
+                return None;
+            }
+            Err(e) => {
+                reader.note_failure(&e);
+                *state = ChunksState::Done;
+                return Some(Err(e));
+            }
+        },
+    };
+    Some(Ok(Chunk {
+        buf: raw.buf,
+        first: raw.first,
+        count: raw.count,
+        checkpoint: epoch.key.checkpoint,
+        reader: reader.clone(),
+    }))
 }
 
 /// One record of an epoch.

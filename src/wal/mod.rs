@@ -11,6 +11,7 @@ use crate::config::{FullPolicy, Mode, Options};
 use crate::delivery::catalog::{now_ms, Catalog, EpochInfo, Health, PendingCheckpoint};
 use crate::delivery::commit_store::{CommitStore, LocalCommitStore};
 use crate::delivery::committer::{self, Committer};
+use crate::delivery::deliverer::Deliverer;
 use crate::error::{Error, ErrorKind, Result};
 use crate::log::format::{self, FrameKind, Position};
 use crate::log::recover::{self, Recovered, RecoveryReport};
@@ -43,6 +44,9 @@ pub(crate) struct Writer {
     salt_rng: fastrand::Rng,
 }
 
+/// A wake-up registered with [`WalSink::on_change`].
+type Listener = Box<dyn Fn() + Send + Sync>;
+
 pub(crate) struct Shared {
     storage: Arc<dyn Storage>,
     opts: Options,
@@ -57,7 +61,10 @@ pub(crate) struct Shared {
     floor: Option<Mutex<LocalCommitStore>>,
     /// Epochs delivered but not yet marked, kept between `deliver_ready` calls and committer
     /// runs so that only a crash can make an epoch go out twice.
-    delivery: Mutex<crate::delivery::committer::Delivery>,
+    delivery: Mutex<crate::delivery::deliverer::Delivery>,
+    /// Called whenever the catalog changes (sealed, completed, committed, restored, shut
+    /// down): wakes waiters that cannot sit on `cat_cv`, such as async tasks.
+    listeners: Mutex<Vec<Listener>>,
     /// Set while someone delivers (a committer thread or `deliver_ready`): one at a time.
     delivering: std::sync::atomic::AtomicBool,
     open_bytes: AtomicU64,
@@ -242,6 +249,7 @@ impl WalSink {
             store: Mutex::new(store),
             floor,
             delivery: Mutex::new(Default::default()),
+            listeners: Mutex::new(Vec::new()),
             delivering: std::sync::atomic::AtomicBool::new(false),
             open_bytes: AtomicU64::new(0),
             read_pool: Default::default(),
@@ -353,7 +361,7 @@ impl WalSink {
         }
         let mut cat = sh.cat.lock();
         if cat.complete(id) {
-            sh.cat_cv.notify_all();
+            sh.catalog_changed();
         }
         Ok(())
     }
@@ -399,7 +407,7 @@ impl WalSink {
             w.unsynced.retain(|e| !voided(e));
             sh.reset_open(&mut w);
             cat.restore(id);
-            sh.cat_cv.notify_all();
+            sh.catalog_changed();
             end
         };
         sh.sync_to(target)
@@ -451,6 +459,21 @@ impl WalSink {
         committer::spawn(&self.shared, sink)
     }
 
+    /// Takes the right to deliver this log and returns the delivery protocol as steps, for a
+    /// driver of its own (an async runtime, a sink that needs its own thread). Fails with
+    /// `InvalidOperation` while another deliverer (a committer thread, `deliver_ready`) runs.
+    pub fn deliverer(&self) -> Result<Deliverer> {
+        Deliverer::claim(&self.shared)
+    }
+
+    /// Registers `f` to be called whenever the set of deliverable or committed checkpoints
+    /// changes, or the log shuts down: a wake-up for waiters that cannot block a thread
+    /// (async tasks). `f` runs under an internal lock: it must be quick and must not call
+    /// back into the log.
+    pub fn on_change(&self, f: impl Fn() + Send + Sync + 'static) {
+        self.shared.listeners.lock().push(Box::new(f));
+    }
+
     /// Waits until checkpoint `id` is committed, or `timeout` passes. Returns whether it is.
     /// `Duration::MAX` waits without a deadline.
     pub fn wait_committed(&self, id: u64, timeout: std::time::Duration) -> bool {
@@ -490,7 +513,7 @@ impl Drop for WalSink {
     fn drop(&mut self) {
         let mut cat = self.shared.cat.lock();
         cat.shutdown = true;
-        self.shared.cat_cv.notify_all();
+        self.shared.catalog_changed();
     }
 }
 
@@ -644,7 +667,7 @@ impl Shared {
                         cat.complete(id);
                     }
                 }
-                self.cat_cv.notify_all();
+                self.catalog_changed();
             }
             self.synced_cv.notify_all();
         }

@@ -3,7 +3,7 @@
 
 use super::Shared;
 use crate::delivery::catalog::EpochInfo;
-use crate::delivery::committer::Delivery;
+use crate::delivery::deliverer::Delivery;
 use crate::error::{Error, Result};
 use crate::log::reader;
 use crate::{Epoch, EpochKey, RetryPolicy};
@@ -51,7 +51,7 @@ impl Shared {
         }
         cat.health.retries = 0;
         cat.health.last_error = None;
-        self.cat_cv.notify_all();
+        self.catalog_changed();
         Ok(())
     }
 
@@ -122,7 +122,16 @@ impl Shared {
     /// Wakes a committer waiting in [`Shared::wait_for_epoch`] or [`Shared::pause`].
     pub(crate) fn wake(&self) {
         let _cat = self.cat.lock();
+        self.catalog_changed();
+    }
+
+    /// Wakes every waiter on the catalog: threads on `cat_cv` and the registered listeners.
+    /// Called with the catalog lock held.
+    pub(crate) fn catalog_changed(&self) {
         self.cat_cv.notify_all();
+        for f in self.listeners.lock().iter() {
+            f();
+        }
     }
 
     /// The delivery state kept between deliverers.

@@ -1,0 +1,241 @@
+//! The async committer: the log's delivery protocol ([`walsink::Deliverer`], the same steps
+//! the committer thread takes) driven on a tokio runtime into an [`AsyncSink`]. Every step
+//! that touches the disk runs on the blocking pool; only the sink's futures run on the
+//! runtime.
+
+use crate::AsyncSink;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+use tracing::Instrument;
+use walsink::{Deliverer, Epoch, Error, Next, Pending, Result, WalSink};
+
+/// Runs `f` with the deliverer on the blocking pool and hands it back.
+async fn blocking<T: Send + 'static>(
+    d: Deliverer,
+    f: impl FnOnce(&mut Deliverer) -> T + Send + 'static,
+) -> (Deliverer, T) {
+    tokio::task::spawn_blocking(move || {
+        let mut d = d;
+        let r = f(&mut d);
+        (d, r)
+    })
+    .await
+    .expect("a delivery step on the blocking pool panicked")
+}
+
+/// What one step did.
+enum Step {
+    Idle,
+    Done,
+}
+
+/// One step of the protocol into an async sink: the async twin of the committer thread's.
+async fn step<S: AsyncSink>(d: Deliverer, sink: &mut S) -> (Deliverer, Result<Step>) {
+    let (d, next) = blocking(d, |d| d.next_step()).await;
+    let p: Pending = match next {
+        Err(e) => return (d, Err(e)),
+        Ok(Next::Idle) => return (d, Ok(Step::Idle)),
+        Ok(Next::Committed(_)) => return (d, Ok(Step::Done)),
+        Ok(Next::Deliver(p)) => p,
+    };
+    let mut d = d;
+    if sink.stores_marker() {
+        match sink.is_committed(p.key()).await {
+            Ok(true) => {
+                d.skip_committed(p);
+                return (d, Ok(Step::Done));
+            }
+            Ok(false) => {}
+            Err(e) => return (d, Err(e.into())),
+        }
+    }
+    let (mut d, (p, epoch)) = blocking(d, move |d| {
+        let epoch = d.read(&p);
+        (p, epoch)
+    })
+    .await;
+    let epoch: Epoch = match epoch {
+        Ok(e) => e,
+        Err(e) => return (d, Err(e)),
+    };
+    let span = tracing::info_span!(
+        "deliver",
+        sink_id = %p.key().sink_id,
+        subtask = p.key().subtask,
+        checkpoint = p.checkpoint(),
+        records = p.records(),
+        bytes = p.bytes(),
+    );
+    let outcome = if epoch.is_empty() {
+        Ok(())
+    } else {
+        sink.deliver(&epoch).instrument(span).await
+    };
+    let r = d.finish(p, &epoch, outcome).map(|()| Step::Done);
+    (d, r)
+}
+
+/// Delivers every deliverable epoch into `sink`, in order, on the calling task, and marks
+/// them committed: the async [`WalSink::deliver_ready`]. Stops at the first error and returns
+/// it (nothing is skipped; the next call retries the same epoch). Returns the number of
+/// epochs handled.
+///
+/// # Cancel safety
+/// Cancel safe in the sense of the sink contract: an epoch whose delivery is dropped
+/// half-way is not counted as delivered and is offered again by the next call; epochs
+/// delivered before are marked by the next deliverer, never sent again without a crash.
+pub async fn deliver_ready<S: AsyncSink>(wal: &Arc<WalSink>, sink: &mut S) -> Result<usize> {
+    let wal2 = wal.clone();
+    let mut d = tokio::task::spawn_blocking(move || wal2.deliverer())
+        .await
+        .map_err(join_error)??;
+    let mut n = 0;
+    loop {
+        let (back, r) = step(d, sink).await;
+        d = back;
+        match r {
+            Ok(Step::Done) => n += 1,
+            Ok(Step::Idle) => return Ok(n),
+            Err(e) => {
+                d.note_error(&e, 1);
+                let _ = blocking(d, |d| d.flush()).await;
+                return Err(e);
+            }
+        }
+    }
+}
+
+fn join_error(e: tokio::task::JoinError) -> Error {
+    Error::io(
+        "a task on tokio's blocking pool",
+        std::io::Error::other(e.to_string()),
+    )
+}
+
+/// A committer task delivering one log into an [`AsyncSink`]; from
+/// [`AsyncWal::spawn_committer`](crate::AsyncWal::spawn_committer) or [`spawn_committer`].
+///
+/// Errors are retried with exponential backoff and full jitter, the same rules as the
+/// committer thread's; [`WalSink::health`] shows the last error and the retry count. Dropping
+/// the handle stops the task at the next epoch boundary without waiting for it.
+#[derive(Debug)]
+pub struct AsyncCommitter {
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<Deliverer>>,
+    wal: Arc<WalSink>,
+}
+
+/// What [`AsyncCommitter::shutdown`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// True when the committer stopped at an epoch boundary before the deadline; false
+    /// when the deadline cut a delivery short (that epoch is delivered again later).
+    pub clean: bool,
+    /// Sealed checkpoints not yet committed when it stopped, oldest first.
+    pub pending: Vec<u64>,
+    /// The highest committed checkpoint.
+    pub committed: Option<u64>,
+}
+
+/// Starts a committer task on the current tokio runtime that delivers `wal`'s epochs to
+/// `sink` until [`AsyncCommitter::shutdown`]. Fails with `InvalidOperation` while another
+/// deliverer runs.
+pub fn spawn_committer<S: AsyncSink + 'static>(
+    wal: &Arc<WalSink>,
+    sink: S,
+) -> Result<AsyncCommitter> {
+    let d = wal.deliverer()?;
+    let wake = Arc::new(Notify::new());
+    let w2 = wake.clone();
+    wal.on_change(move || w2.notify_one());
+    let (stop, stop_rx) = watch::channel(false);
+    let task = tokio::spawn(run(d, sink, stop_rx, wake));
+    Ok(AsyncCommitter {
+        stop,
+        task: Some(task),
+        wal: wal.clone(),
+    })
+}
+
+async fn run<S: AsyncSink>(
+    mut d: Deliverer,
+    mut sink: S,
+    mut stop: watch::Receiver<bool>,
+    wake: Arc<Notify>,
+) -> Deliverer {
+    let mut attempt = 0u32;
+    let mut rng = fastrand::Rng::new();
+    while !*stop.borrow() {
+        let (back, r) = step(d, &mut sink).await;
+        d = back;
+        match r {
+            Ok(Step::Done) => attempt = 0,
+            Ok(Step::Idle) => {
+                if d.has_work() {
+                    continue;
+                }
+                tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = stop.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                }
+            }
+            Err(e) => {
+                attempt = attempt.saturating_add(1);
+                d.note_error(&e, attempt);
+                let delay = d.retry_delay(&e, attempt, &mut rng);
+                tracing::warn!(error = %e, attempt, ?delay, "delivery failed; retrying");
+                tokio::select! {
+                    _ = stop.changed() => {}
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+    // A graceful stop marks what was delivered; if that fails, the next deliverer marks it.
+    let (d, r) = blocking(d, |d| d.flush()).await;
+    if let Err(e) = r {
+        d.note_error(&e, attempt.saturating_add(1));
+    }
+    d
+}
+
+impl AsyncCommitter {
+    /// Stops at the next epoch boundary, marks what was delivered, and reports what is
+    /// still pending. If `deadline` passes first, the delivery in progress is dropped (its
+    /// epoch is delivered again later, as the sink contract allows) and `clean` is false;
+    /// the epochs delivered before it are still marked by the next deliverer.
+    ///
+    /// # Cancel safety
+    /// If this future is dropped, the committer task still stops at the next epoch
+    /// boundary on its own.
+    pub async fn shutdown(mut self, deadline: Duration) -> ShutdownReport {
+        let _ = self.stop.send(true);
+        let mut task = self.task.take().expect("committer task");
+        let clean = match tokio::time::timeout(deadline, &mut task).await {
+            Ok(Ok(d)) => {
+                drop(d);
+                true
+            }
+            Ok(Err(_)) => false,
+            Err(_) => {
+                task.abort();
+                let _ = task.await;
+                false
+            }
+        };
+        let h = self.wal.health();
+        ShutdownReport {
+            clean,
+            pending: self.wal.pending().iter().map(|p| p.id).collect(),
+            committed: h.committed,
+        }
+    }
+}
+
+impl Drop for AsyncCommitter {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}

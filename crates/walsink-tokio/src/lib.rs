@@ -1,0 +1,26 @@
+//! walsink for tokio programs.
+//!
+//! - [`AsyncWal`]: the log handle with async methods that never block a runtime worker:
+//!   appends between checkpoints are buffered in place, and everything that waits for the
+//!   disk (syncs, checkpoints, restores) runs on a dedicated I/O thread or tokio's blocking
+//!   pool.
+//! - [`AsyncSink`]: the sink contract with async methods, driven in checkpoint order by an
+//!   [`AsyncCommitter`] task (the same protocol steps, [`walsink::Deliverer`], as the
+//!   committer thread), or by [`deliver_ready`]. [`BlockingSink`] turns an async sink into a
+//!   blocking one for the committer thread and the command-line tool.
+//! - [`TypedWal`]: records of any `serde` type, in compact binary ([`Postcard`]) or
+//!   [`Json`].
+//!
+//! The synchronous core, `walsink`, stays free of async and network dependencies.
+#![warn(missing_docs)]
+
+mod blocking;
+mod committer;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod sink;
+
+pub use blocking::BlockingSink;
+pub use committer::{deliver_ready, spawn_committer, AsyncCommitter, ShutdownReport};
+pub use sink::{AsyncChunks, AsyncSink};
+pub use walsink;

@@ -1,0 +1,246 @@
+//! [`Deliverer`]: the delivery protocol of `docs/design.md` ("Delivery") as steps a driver
+//! takes, so that every driver (the committer thread, `deliver_ready`, an async runtime)
+//! runs the same protocol and only the calls into the sink differ.
+//!
+//! Per epoch: [`Deliverer::next_step`] marks what is due and skips what the commit store already
+//! holds; the driver asks a marker-keeping sink whether it has the epoch
+//! ([`Deliverer::skip_committed`] if so), reads it ([`Deliverer::read`]), hands it to the
+//! sink and reports the outcome ([`Deliverer::finish`]). An error stops at that epoch; the
+//! next `next_step` offers the same epoch again, so nothing is ever skipped.
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::wal::Shared;
+use crate::{Epoch, EpochKey, SinkError, SinkErrorClass};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Named failpoints, compiled in with the `failpoints` feature: a test arms one with
+/// [`fail::arm`] and the committer returns an injected error when it passes it.
+#[cfg(feature = "failpoints")]
+pub mod fail {
+    use parking_lot::Mutex;
+    static ARMED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+
+    /// Arms failpoint `name` for one hit. Names: `committer::deliver::after` (after the sink
+    /// accepted an epoch, before it is marked), `committer::mark::after` (after the mark,
+    /// before segments are freed).
+    pub fn arm(name: &'static str) {
+        ARMED.lock().push(name);
+    }
+
+    pub(crate) fn hit(name: &str) -> bool {
+        let mut armed = ARMED.lock();
+        match armed.iter().position(|n| *n == name) {
+            Some(i) => {
+                armed.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn failpoint(_name: &str) -> Result<()> {
+    #[cfg(feature = "failpoints")]
+    if fail::hit(_name) {
+        return Err(Error::io(
+            format!("failpoint {_name}"),
+            std::io::Error::other("injected"),
+        ));
+    }
+    Ok(())
+}
+
+/// Delivery progress that survives between deliverers (it lives in the log's shared state):
+/// epochs delivered but not yet marked.
+#[derive(Debug, Default)]
+pub(crate) struct Delivery {
+    delivered: Option<u64>,
+    unmarked: usize,
+}
+
+/// What a driver does next; see [`Deliverer::next_step`].
+#[derive(Debug)]
+pub enum Next {
+    /// Nothing is deliverable now.
+    Idle,
+    /// The commit store already covers this checkpoint (a crash after marking, before
+    /// clean-up): nothing was sent, go on.
+    Committed(u64),
+    /// This epoch is due: ask a marker-keeping sink about it, else read and deliver it.
+    Deliver(Pending),
+}
+
+/// An epoch that is due for delivery; see [`Next::Deliver`].
+#[derive(Debug)]
+pub struct Pending {
+    info: crate::delivery::catalog::EpochInfo,
+    key: EpochKey,
+}
+
+impl Pending {
+    /// Sink id, subtask and checkpoint id of the epoch.
+    pub fn key(&self) -> &EpochKey {
+        &self.key
+    }
+
+    /// The checkpoint id.
+    pub fn checkpoint(&self) -> u64 {
+        self.info.id
+    }
+
+    /// Number of records.
+    pub fn records(&self) -> u64 {
+        self.info.records
+    }
+
+    /// Payload bytes.
+    pub fn bytes(&self) -> u64 {
+        self.info.bytes
+    }
+}
+
+/// The right to deliver one log's epochs, with the protocol as steps; from
+/// [`WalSink::deliverer`](crate::WalSink::deliverer).
+///
+/// One deliverer exists per log at a time (a committer thread and `deliver_ready` take one
+/// too). Dropping it gives the right back; epochs it delivered but did not mark stay known to
+/// the log, so the next deliverer marks them instead of sending them again. Methods that do
+/// I/O say so; async drivers run them off the runtime.
+#[derive(Debug)]
+pub struct Deliverer {
+    shared: Arc<Shared>,
+    d: Delivery,
+}
+
+impl Deliverer {
+    pub(crate) fn claim(shared: &Arc<Shared>) -> Result<Deliverer> {
+        if !shared.try_claim() {
+            return Err(Error::invalid_op(
+                "another deliverer (a committer, deliver_ready or an async driver) is delivering this log",
+            ));
+        }
+        Ok(Deliverer {
+            shared: shared.clone(),
+            d: std::mem::take(&mut *shared.delivery()),
+        })
+    }
+
+    /// The next step (I/O: may mark and free segments, and reads the commit store). Marks
+    /// the epochs delivered so far when nothing more is due, or every
+    /// [`Options::mark_every`](crate::Options::mark_every) epochs.
+    pub fn next_step(&mut self) -> Result<Next> {
+        let next = self.shared.next_deliverable(self.d.delivered);
+        if let Some(done) = self.d.delivered {
+            if self.d.unmarked > 0
+                && (next.is_none() || self.d.unmarked >= self.shared.mark_every())
+            {
+                self.mark(done)?;
+            }
+        }
+        let sh = &*self.shared;
+        let Some(e) = next else {
+            return Ok(Next::Idle);
+        };
+        if let Some(c) = sh.stored_mark()?.filter(|&c| c >= e.id) {
+            sh.forget_through(c);
+            self.d.delivered = Some(c);
+            sh.collect_garbage()?;
+            return Ok(Next::Committed(e.id));
+        }
+        let key = sh.epoch_key(e.id);
+        Ok(Next::Deliver(Pending { info: e, key }))
+    }
+
+    /// A marker-keeping sink says the target already holds `p`: it counts as delivered
+    /// without being sent.
+    pub fn skip_committed(&mut self, p: Pending) {
+        self.d.delivered = Some(p.info.id);
+        self.d.unmarked += 1;
+    }
+
+    /// Reads `p` for the sink (I/O: an epoch within one read chunk is read and verified
+    /// whole now; a larger one is read as the sink iterates it).
+    pub fn read(&self, p: &Pending) -> Result<Epoch> {
+        self.shared.read_epoch(&p.info)
+    }
+
+    /// The sink's outcome for `epoch` (read for `p`). A read failure the sink met half-way
+    /// is returned instead of the sink's own error: the log's is the one to act on. On
+    /// success the epoch counts as delivered; it is marked by a later `next_step` or `flush`.
+    pub fn finish(
+        &mut self,
+        p: Pending,
+        epoch: &Epoch,
+        outcome: std::result::Result<(), SinkError>,
+    ) -> Result<()> {
+        if let Some(failure) = epoch.reader.take_failure() {
+            return Err(failure);
+        }
+        outcome?;
+        failpoint("committer::deliver::after")?;
+        self.d.delivered = Some(p.info.id);
+        self.d.unmarked += 1;
+        self.shared.note_delivered(p.info.records);
+        Ok(())
+    }
+
+    /// Marks the epochs delivered but not yet marked, if any (I/O): before a driver stops
+    /// or reports an error, so that nothing but a crash sends an epoch twice.
+    pub fn flush(&mut self) -> Result<()> {
+        match self.d.delivered {
+            Some(done) if self.d.unmarked > 0 => self.mark(done),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records a failed step, the `attempt`-th try of the same epoch, for
+    /// [`WalSink::health`](crate::WalSink::health).
+    pub fn note_error(&self, e: &Error, attempt: u32) {
+        self.shared.note_error(e, attempt);
+    }
+
+    /// How long to wait before retrying after `e` at try `attempt` (from 1): exponential
+    /// backoff with full jitter ([`Options::retry`](crate::Options::retry)), the longest delay
+    /// after a permanent sink error (an operator has to act; retrying fast does not help).
+    pub fn retry_delay(&self, e: &Error, attempt: u32, rng: &mut fastrand::Rng) -> Duration {
+        let retry = self.shared.retry_policy();
+        let permanent =
+            matches!(e.kind(), ErrorKind::Sink(s) if s.class() == SinkErrorClass::Permanent);
+        if permanent {
+            retry.max
+        } else {
+            retry.delay(attempt, rng)
+        }
+    }
+
+    /// True when an epoch after the last one delivered is deliverable now (no I/O).
+    pub fn has_work(&self) -> bool {
+        self.shared.next_deliverable(self.d.delivered).is_some()
+    }
+
+    /// The last checkpoint delivered (or found committed) by any deliverer of this log
+    /// since it was opened.
+    pub fn delivered(&self) -> Option<u64> {
+        self.d.delivered
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    fn mark(&mut self, id: u64) -> Result<()> {
+        let sh = &*self.shared;
+        sh.record_mark(id)?;
+        self.d.unmarked = 0;
+        failpoint("committer::mark::after")?;
+        sh.collect_garbage()
+    }
+}
+
+impl Drop for Deliverer {
+    fn drop(&mut self) {
+        *self.shared.delivery() = std::mem::take(&mut self.d);
+        self.shared.release_claim();
+    }
+}

@@ -29,4 +29,4 @@ pub use log::verify::{
     dump, verify, CheckpointSummary, DumpState, Problem, ProblemKind, VerifyReport,
 };
 pub use sinks::{DirSink, MemorySink};
-pub use wal::WalSink;
+pub use wal::{DurablePoint, WalSink};

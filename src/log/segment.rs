@@ -119,6 +119,14 @@ impl SegmentWriter {
             <= self.capacity
     }
 
+    /// True if frames with payloads of `lens` bytes go into the write buffer without a write
+    /// to the file and without a roll to a new segment: appending them does no I/O.
+    pub fn fits_buffered(&self, lens: impl Iterator<Item = usize>) -> bool {
+        let total: usize = lens.map(format::frame_size).sum();
+        self.buf.len() + total < self.buf_limit
+            && self.position().offset + (total + SEGMENT_END_RESERVE) as u64 <= self.capacity
+    }
+
     /// Appends a frame to the active segment, which must have room (see [`Self::fits`]).
     /// Returns the frame's position.
     pub fn append(&mut self, kind: FrameKind, parts: &[&[u8]]) -> io::Result<Position> {

@@ -47,6 +47,11 @@ pub(crate) struct Writer {
 /// A wake-up registered with [`WalSink::on_change`].
 type Listener = Box<dyn Fn() + Send + Sync>;
 
+/// A point in the log that must be durable for some appended records to be; see
+/// [`WalSink::append_batch_unsynced`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DurablePoint(Position);
+
 pub(crate) struct Shared {
     storage: Arc<dyn Storage>,
     opts: Options,
@@ -304,22 +309,76 @@ impl WalSink {
     /// Appends records already checked against the size limit.
     fn append_checked<'a>(&self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<()> {
         let sh = &*self.shared;
-        self.wait_for_budget()?;
-        let mut w = sh.w.lock();
-        check_poison(&w)?;
-        for r in records {
-            let pos = sh.write_frame(&mut w, FrameKind::Data, &[r])?;
-            w.open_start.get_or_insert(pos);
-            w.open_records += 1;
-            w.open_bytes += r.len() as u64;
-        }
-        sh.open_bytes.store(w.open_bytes, Ordering::Relaxed);
+        let target = self.write_records(records)?;
         if sh.opts.mode == Mode::Durable {
-            let target = w.seg.position();
-            drop(w);
             sh.sync_to(target)?;
         }
         Ok(())
+    }
+
+    /// Writes records already checked against the size limit, after waiting for budget;
+    /// returns the position that must be durable for them to be.
+    fn write_records<'a>(&self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<Position> {
+        let sh = &*self.shared;
+        self.wait_for_budget()?;
+        let mut w = sh.w.lock();
+        check_poison(&w)?;
+        self.shared.write_data(&mut w, records)
+    }
+
+    /// Appends `records` only if that needs neither I/O nor a wait: the frames fit in the
+    /// write buffer of the active segment, the writer is free and the backlog budget is not
+    /// used up. Returns the point the records need to be durable (as
+    /// [`WalSink::append_batch_unsynced`] does), or `None` with nothing appended. For async
+    /// drivers, which append in place when this succeeds and off the runtime when it does
+    /// not; in [`Mode::Durable`] they then wait for [`WalSink::make_durable`] elsewhere.
+    pub fn try_append_batch(&self, records: &[&[u8]]) -> Result<Option<DurablePoint>> {
+        let sh = &*self.shared;
+        for r in records {
+            self.check_size(r)?;
+        }
+        let limit = sh.opts.max_backlog_bytes;
+        if limit != u64::MAX {
+            let Some(cat) = sh.cat.try_lock() else {
+                return Ok(None);
+            };
+            if cat.backlog_bytes() + sh.open_bytes.load(Ordering::Relaxed) >= limit {
+                return Ok(None);
+            }
+        }
+        let Some(mut w) = sh.w.try_lock() else {
+            return Ok(None);
+        };
+        check_poison(&w)?;
+        if !w.seg.fits_buffered(records.iter().map(|r| r.len())) {
+            return Ok(None);
+        }
+        let end = sh.write_data(&mut w, records.iter().copied())?;
+        Ok(Some(DurablePoint(end)))
+    }
+
+    /// [`Mode::Durable`] in two steps, for drivers that wait for the disk elsewhere (an
+    /// async handle's I/O thread): writes `records` without a sync and returns the point
+    /// that must be durable for them to be; [`WalSink::make_durable`] then syncs through it
+    /// (one sync covers every point written before it). Until then the records are neither
+    /// durable nor delivered. In [`Mode::Checkpointed`] the records are appended as by
+    /// [`WalSink::append_batch`], and the point needs no sync beyond the next checkpoint.
+    pub fn append_batch_unsynced(&self, records: &[&[u8]]) -> Result<DurablePoint> {
+        for r in records {
+            self.check_size(r)?;
+        }
+        Ok(DurablePoint(self.write_records(records.iter().copied())?))
+    }
+
+    /// Returns once everything written up to `point` is durable (group commit: concurrent
+    /// callers share syncs); in [`Mode::Durable`] that seals and completes the records'
+    /// automatic checkpoint. In [`Mode::Checkpointed`] it does nothing: records there become
+    /// durable with a checkpoint.
+    pub fn make_durable(&self, point: DurablePoint) -> Result<()> {
+        if self.shared.opts.mode != Mode::Durable {
+            return Ok(());
+        }
+        self.shared.sync_to(point.0)
     }
 
     /// Seals the open epoch as checkpoint `id` with an opaque `metadata` blob (Flink's
@@ -435,6 +494,11 @@ impl WalSink {
     /// The sink id this log belongs to.
     pub fn sink_id(&self) -> &str {
         &self.shared.sink_id
+    }
+
+    /// How this log makes records durable.
+    pub fn mode(&self) -> Mode {
+        self.shared.opts.mode
     }
 
     /// The subtask this log belongs to.
@@ -561,6 +625,23 @@ impl Shared {
             Ok(pos) => Ok(pos),
             Err(e) => Err(self.poison(w, "write to the active segment", e)),
         }
+    }
+
+    /// Writes data frames for `records` and accounts for them in the open epoch; returns the
+    /// position after them.
+    fn write_data<'a>(
+        &self,
+        w: &mut MutexGuard<'_, Writer>,
+        records: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<Position> {
+        for r in records {
+            let pos = self.write_frame(w, FrameKind::Data, &[r])?;
+            w.open_start.get_or_insert(pos);
+            w.open_records += 1;
+            w.open_bytes += r.len() as u64;
+        }
+        self.open_bytes.store(w.open_bytes, Ordering::Relaxed);
+        Ok(w.seg.position())
     }
 
     /// Writes the barrier that seals the open epoch as `id`.

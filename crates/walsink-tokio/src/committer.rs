@@ -147,8 +147,12 @@ pub fn spawn_committer<S: AsyncSink + 'static>(
 ) -> Result<AsyncCommitter> {
     let d = wal.deliverer()?;
     let wake = Arc::new(Notify::new());
-    let w2 = wake.clone();
-    wal.on_change(move || w2.notify_one());
+    let w2 = Arc::downgrade(&wake);
+    wal.on_change(move || {
+        if let Some(w) = w2.upgrade() {
+            w.notify_one();
+        }
+    });
     let (stop, stop_rx) = watch::channel(false);
     let task = tokio::spawn(run(d, sink, stop_rx, wake));
     Ok(AsyncCommitter {

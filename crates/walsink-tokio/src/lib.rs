@@ -18,9 +18,13 @@ mod blocking;
 mod committer;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod handle;
 mod sink;
+mod typed;
 
 pub use blocking::BlockingSink;
 pub use committer::{deliver_ready, spawn_committer, AsyncCommitter, ShutdownReport};
+pub use handle::AsyncWal;
 pub use sink::{AsyncChunks, AsyncSink};
+pub use typed::{Codec, DecodeError, Json, Postcard, TypedWal};
 pub use walsink;

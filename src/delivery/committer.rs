@@ -40,6 +40,16 @@ pub(crate) fn step(d: &mut Deliverer, sink: &mut dyn Sink) -> Result<Step> {
     let outcome = if epoch.is_empty() {
         Ok(())
     } else {
+        let key = p.key();
+        let _span = tracing::info_span!(
+            "deliver",
+            sink_id = %key.sink_id,
+            subtask = key.subtask,
+            checkpoint = key.checkpoint,
+            records = p.records(),
+            bytes = p.bytes(),
+        )
+        .entered();
         sink.deliver(&epoch)
     };
     d.finish(p, &epoch, outcome)?;
@@ -96,6 +106,7 @@ fn run<S: Sink>(mut d: Deliverer, mut sink: S, stop: &AtomicBool) {
                 attempt = attempt.saturating_add(1);
                 d.note_error(&e, attempt);
                 let delay = d.retry_delay(&e, attempt, &mut rng);
+                tracing::warn!(error = %e, attempt, ?delay, "delivery failed; retrying");
                 shared.pause(stop, delay);
             }
         }

@@ -242,6 +242,15 @@ impl WalSink {
             restore_guard: None,
             salt_rng,
         };
+        tracing::info!(
+            sink_id = %options.sink_id,
+            subtask = options.subtask,
+            segments = report.segments,
+            pending = report.pending.len(),
+            pending_records = report.pending_records,
+            torn_tail = report.torn_tail.is_some(),
+            "recovered the log"
+        );
         let sink_id: Arc<str> = options.sink_id.as_str().into();
         let shared = Shared {
             storage,
@@ -320,6 +329,7 @@ impl WalSink {
     /// returns the position that must be durable for them to be.
     fn write_records<'a>(&self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<Position> {
         let sh = &*self.shared;
+        tracing::trace!(sink_id = %sh.sink_id, "append batch");
         self.wait_for_budget()?;
         let mut w = sh.w.lock();
         check_poison(&w)?;
@@ -402,6 +412,14 @@ impl WalSink {
         let target = {
             let mut w = sh.w.lock();
             check_poison(&w)?;
+            tracing::debug!(
+                sink_id = %sh.sink_id,
+                subtask = sh.opts.subtask,
+                checkpoint = id,
+                records = w.open_records,
+                bytes = w.open_bytes,
+                "checkpoint"
+            );
             sh.write_barrier(&mut w, id, metadata)?;
             w.seg.position()
         };
@@ -439,6 +457,7 @@ impl WalSink {
         let target = {
             let mut w = sh.w.lock();
             check_poison(&w)?;
+            tracing::info!(sink_id = %sh.sink_id, subtask = sh.opts.subtask, restored_to = ?id, "restore");
             let restore = format::Restore {
                 restored_to: id,
                 durable_through: w.synced,

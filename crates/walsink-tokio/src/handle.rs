@@ -97,11 +97,30 @@ impl Drop for IoThread {
 }
 
 /// Takes every waiting request, syncs once through the furthest point, answers them all.
+///
+/// The tasks answered by one sync append again at about the same time, but not at once: a
+/// sync started on the first of them would cover one append and leave the rest for the next.
+/// So the thread waits briefly (at most [`GATHER`]) for as many requests as the previous
+/// sync answered.
 fn sync_loop(wal: &WalSink, rx: &mpsc::Receiver<SyncRequest>) {
+    const GATHER: Duration = Duration::from_micros(200);
     let mut batch: Vec<SyncRequest> = Vec::new();
+    let mut expect = 1;
     while let Ok(first) = rx.recv() {
         batch.push(first);
         batch.extend(rx.try_iter());
+        let deadline = std::time::Instant::now() + GATHER;
+        while batch.len() < expect {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(r) => {
+                    batch.push(r);
+                    batch.extend(rx.try_iter());
+                }
+                Err(_) => break,
+            }
+        }
+        expect = batch.len();
         let furthest = batch.iter().map(|(p, _)| *p).max().expect("one request");
         match wal.make_durable(furthest) {
             Ok(()) => {

@@ -1,0 +1,292 @@
+//! The async handle and the async committer on their own: durable appends from many tasks,
+//! dropped futures, shutdown with a deadline, large records through the blocking path,
+//! typed records that do not decode, and evolving a postcard record type.
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+use walsink::storage::{CrashOptions, SimStorage};
+use walsink::{Epoch, ErrorKind, FullPolicy, MemorySink, Mode, Options, SinkError, WalSink};
+use walsink_tokio::{AsyncChunks, AsyncSink, AsyncWal, Codec, Json, Postcard, TypedWal};
+
+/// Collects delivered records; optionally hangs forever in `deliver`.
+#[derive(Clone, Default)]
+struct Collect {
+    records: Arc<Mutex<Vec<Vec<u8>>>>,
+    hang: bool,
+}
+
+impl AsyncSink for Collect {
+    async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+        if self.hang {
+            std::future::pending::<()>().await;
+        }
+        let mut got = Vec::new();
+        let mut chunks = AsyncChunks::new(epoch);
+        while let Some(c) = chunks.next().await {
+            let c = c.map_err(|e| SinkError::retryable(e.to_string()))?;
+            got.extend(c.records().map(|r| r.data.to_vec()));
+        }
+        self.records.lock().extend(got);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durable_appends_from_many_tasks_are_each_delivered_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = AsyncWal::open(dir.path(), Options::new("many").mode(Mode::Durable))
+        .await
+        .unwrap();
+    let sink = Collect::default();
+    let committer = wal.spawn_committer(sink.clone()).unwrap();
+    let tasks: Vec<_> = (0..16u32)
+        .map(|t| {
+            let wal = wal.clone();
+            tokio::spawn(async move {
+                for i in 0..100u32 {
+                    wal.append(format!("{t}:{i}").as_bytes()).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Every append returned, so every record is durable and its automatic checkpoint sealed.
+    let last = wal
+        .pending()
+        .last()
+        .map(|p| p.id)
+        .or(wal.health().committed)
+        .expect("sealed");
+    assert!(wal.wait_committed(last, Duration::from_secs(30)).await);
+    let report = committer.shutdown(Duration::from_secs(10)).await;
+    assert!(report.clean && report.pending.is_empty(), "{report:?}");
+    let mut got = sink.records.lock().clone();
+    got.sort();
+    let mut want: Vec<Vec<u8>> = (0..16u32)
+        .flat_map(|t| (0..100u32).map(move |i| format!("{t}:{i}").into_bytes()))
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+#[tokio::test]
+async fn a_dropped_checkpoint_future_never_leaves_a_half_sealed_epoch() {
+    for crash_seed in 0..20u64 {
+        let sim = SimStorage::new();
+        let opts = || {
+            Options::new("dropped")
+                .segment_size(64 << 10)
+                .max_record_size(4 << 10)
+                .max_metadata_size(1 << 10)
+        };
+        let (wal, _) = WalSink::open_with_storage(Arc::new(sim.clone()), opts()).unwrap();
+        let wal = AsyncWal::from_sync(wal).unwrap();
+        for i in 0..50u32 {
+            wal.append(format!("{i}").as_bytes()).await.unwrap();
+        }
+        // Drop the checkpoint future at once or after a yield, then lose power.
+        {
+            let fut = wal.checkpoint(1, b"m");
+            tokio::pin!(fut);
+            for _ in 0..crash_seed % 3 {
+                if futures_poll_once(fut.as_mut()).await {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(crash_seed % 4)).await;
+        let sealed = wal.pending().iter().any(|p| p.id == 1);
+        wal.clone().shutdown().await;
+        drop(wal);
+        // Give the blocking pool time to finish the checkpoint it started, if any.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        sim.crash(CrashOptions::power_loss(crash_seed));
+        let (wal, report) = WalSink::open_with_storage(Arc::new(sim.clone()), opts()).unwrap();
+        if sealed {
+            assert_eq!(report.pending, vec![1], "seed {crash_seed}");
+        }
+        // Either checkpoint 1 is whole, with all 50 records, or it is absent.
+        match report.pending.as_slice() {
+            [] => {}
+            [1] => {
+                wal.checkpoint_complete(1).unwrap();
+                let mut sink = MemorySink::new();
+                wal.deliver_ready(&mut sink).unwrap();
+                assert_eq!(sink.records().len(), 50, "seed {crash_seed}");
+            }
+            other => panic!("seed {crash_seed}: {other:?}"),
+        }
+    }
+}
+
+/// Polls a future once, returning whether it finished.
+async fn futures_poll_once<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> bool {
+    let mut f = Some(f);
+    std::future::poll_fn(move |cx| {
+        let done = f.take().unwrap().poll(cx).is_ready();
+        std::task::Poll::Ready(done)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_with_a_deadline_reports_the_epoch_a_hung_sink_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = AsyncWal::open(dir.path(), Options::new("hung"))
+        .await
+        .unwrap();
+    let hung = Collect {
+        hang: true,
+        ..Default::default()
+    };
+    let committer = wal.spawn_committer(hung).unwrap();
+    wal.append(b"a").await.unwrap();
+    wal.checkpoint(1, b"").await.unwrap();
+    wal.checkpoint_complete(1).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let report = committer.shutdown(Duration::from_millis(200)).await;
+    assert!(!report.clean, "{report:?}");
+    assert_eq!(report.pending, vec![1]);
+    assert_eq!(report.committed, None);
+    // The next committer delivers it.
+    let sink = Collect::default();
+    let mut tries = 0;
+    let committer = loop {
+        match wal.spawn_committer(sink.clone()) {
+            Ok(c) => break c,
+            Err(e) if tries < 100 => {
+                assert!(
+                    matches!(e.kind(), ErrorKind::InvalidOperation { .. }),
+                    "{e}"
+                );
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(wal.wait_committed(1, Duration::from_secs(10)).await);
+    let report = committer.shutdown(Duration::from_secs(10)).await;
+    assert!(report.clean && report.pending.is_empty(), "{report:?}");
+    assert_eq!(*sink.records.lock(), vec![b"a".to_vec()]);
+}
+
+#[tokio::test]
+async fn records_larger_than_the_write_buffer_and_a_full_backlog_go_the_blocking_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::new("big")
+        .write_buffer_size(4096)
+        .max_backlog_bytes(64 << 10, FullPolicy::Reject);
+    let (wal, _) = AsyncWal::open(dir.path(), opts).await.unwrap();
+    let big = vec![9u8; 20_000];
+    wal.append(&big).await.unwrap();
+    wal.append_batch(&[&big, &big]).await.unwrap();
+    wal.append_batch(&[&big, &big]).await.unwrap();
+    let e = wal.append(b"x").await.unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::BacklogFull { .. }), "{e}");
+    wal.checkpoint(1, b"").await.unwrap();
+    wal.checkpoint_complete(1).unwrap();
+    let mut sink = Collect::default();
+    assert_eq!(wal.deliver_ready(&mut sink).await.unwrap(), 1);
+    assert_eq!(sink.records.lock().len(), 5);
+    // Too large for the log: refused, nothing appended.
+    let e = wal.append(&vec![0u8; 32 << 20]).await.unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::RecordTooLarge { .. }), "{e}");
+}
+
+#[derive(Serialize, Deserialize, Debug, PartialEq, Clone)]
+struct Order {
+    id: u64,
+    cents: i64,
+}
+
+/// A typed sink: decodes every record, failing with the codec's error.
+struct Decode<C>(C, Arc<Mutex<Vec<Order>>>);
+
+impl<C: Codec> AsyncSink for Decode<C> {
+    async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+        for r in epoch.records() {
+            let r = r.map_err(|e| SinkError::retryable(e.to_string()))?;
+            let o: Order = self.0.decode_record(&r)?;
+            self.1.lock().push(o);
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_record_that_does_not_decode_is_an_error_naming_its_position() {
+    for json in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = AsyncWal::open(dir.path(), Options::new("typed"))
+            .await
+            .unwrap();
+        let orders = [Order { id: 1, cents: 5 }, Order { id: 2, cents: -7 }];
+        if json {
+            TypedWal::new(wal.clone(), Json)
+                .append_batch(&orders)
+                .await
+                .unwrap();
+        } else {
+            TypedWal::new(wal.clone(), Postcard)
+                .append_batch(&orders)
+                .await
+                .unwrap();
+        }
+        wal.append(b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff")
+            .await
+            .unwrap();
+        wal.checkpoint(3, b"").await.unwrap();
+        wal.checkpoint_complete(3).unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let e = if json {
+            wal.deliver_ready(&mut Decode(Json, got.clone())).await
+        } else {
+            wal.deliver_ready(&mut Decode(Postcard, got.clone())).await
+        }
+        .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            matches!(e.kind(), ErrorKind::Sink(s) if s.class() == walsink::SinkErrorClass::Permanent),
+            "{msg}"
+        );
+        assert!(msg.contains("record 2 of checkpoint 3"), "{msg}");
+        assert_eq!(*got.lock(), orders.to_vec());
+        // Nothing was skipped: the epoch is still pending.
+        assert_eq!(wal.pending().len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn a_postcard_envelope_with_a_new_version_still_reads_the_old_records() {
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    enum EventV1Only {
+        V1 { id: u64 },
+    }
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    enum Event {
+        V1 { id: u64 },
+        V2 { id: u64, note: String },
+    }
+    let mut old = Vec::new();
+    Postcard
+        .encode(&EventV1Only::V1 { id: 9 }, &mut old)
+        .unwrap();
+    assert_eq!(Postcard.decode::<Event>(&old).unwrap(), Event::V1 { id: 9 });
+    let mut new = Vec::new();
+    Postcard
+        .encode(
+            &Event::V2 {
+                id: 1,
+                note: "n".into(),
+            },
+            &mut new,
+        )
+        .unwrap();
+    // A rollback reads a newer record as an error, never as something else.
+    assert!(Postcard.decode::<EventV1Only>(&new).is_err());
+}

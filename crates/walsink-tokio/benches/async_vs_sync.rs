@@ -192,7 +192,7 @@ fn median(v: &mut [f64]) -> f64 {
 fn show(name: &str, what: &str, ratios: &mut [f64]) {
     let med = median(ratios);
     println!(
-        "{name:<24} {what:<44} median {med:.2}  range {:.2}-{:.2}  ({} rounds)",
+        "{name:<24} {what:<44} median {med:.4}  range {:.4}-{:.4}  ({} rounds)",
         ratios[0],
         ratios[ratios.len() - 1],
         ratios.len()

@@ -443,7 +443,7 @@ pub fn run(args: PipeArgs) -> CliResult<ExitCode> {
             "epochs_delivered": h.delivered_epochs,
             "records_delivered": h.delivered_records,
             "wal": wal_shown,
-            "sink": args.sink,
+            "sink": crate::targets::redact(&args.sink),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     }

@@ -1,0 +1,344 @@
+//! [`Config`]: where and how to deliver, parsed from the `--sink` URL.
+
+use crate::error::ConfigError;
+use crate::marker::MarkerTable;
+use crate::table::TableName;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// How an epoch is committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One transaction per epoch: the rows by COPY and the commit marker, committed together
+    /// (`mode=marker`, the default).
+    Marker,
+    /// The same transaction, prepared with `PREPARE TRANSACTION` under a deterministic global
+    /// id and then committed with `COMMIT PREPARED` (`mode=2pc`; the server needs
+    /// `max_prepared_transactions > 0`).
+    TwoPhase,
+}
+
+/// The default age of a prepared transaction past which the sink warns.
+pub const DEFAULT_PREPARED_WARN_AFTER: Duration = Duration::from_secs(300);
+
+/// Where and how a [`PgSink`](crate::PgSink) delivers.
+///
+/// From a URL ([`Config::from_url`]):
+/// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB?table=NAME[&mode=marker|2pc][&marker_table=NAME][&create=true|false][&prepared_warn_after=5m]`
+/// plus any connection option tokio-postgres knows (`connect_timeout=10`,
+/// `application_name=…`, `options=…`, `keepalives=…`). `Display` and `Debug` never show the
+/// password.
+#[derive(Clone)]
+pub struct Config {
+    pub(crate) pg: tokio_postgres::Config,
+    shown: String,
+    /// The target table.
+    pub table: TableName,
+    /// The marker table.
+    pub marker_table: MarkerTable,
+    /// How epochs are committed.
+    pub mode: Mode,
+    /// Create the target table (when the mapping can) and the marker table if missing.
+    pub create: bool,
+    /// Warn (tracing) when a prepared transaction of this sink is older than this.
+    pub prepared_warn_after: Duration,
+    /// Bytes of encoded rows sent to the server in one COPY message.
+    pub copy_buffer: usize,
+}
+
+fn parse_duration(s: &str, what: &str) -> Result<Duration, ConfigError> {
+    let bad = || {
+        ConfigError::new(format!(
+            "{what}={s:?} is not a duration: use a number with a unit, such as 500ms, 30s, 5m or 1h"
+        ))
+    };
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
+        "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
+        _ => return Err(bad()),
+    };
+    Ok(d)
+}
+
+fn percent_decode(s: &str, what: &str) -> Result<String, ConfigError> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = s
+                    .get(i + 1..i + 3)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| {
+                        ConfigError::new(format!("{what}: bad percent-escape in {s:?}"))
+                    })?;
+                out.push(hex);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| ConfigError::new(format!("{what}: {s:?} is not UTF-8")))
+}
+
+/// `url` with the password replaced by `***`. The userinfo ends at the last `@` of the URL,
+/// so a password with an unencoded `/`, `?` or `@` is masked whole (an `@` in a query value
+/// after a `host:port` masks too much, never too little).
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((u, _)) => format!("{scheme}://{u}:***@{host}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+impl Config {
+    /// A configuration from a tokio-postgres connection configuration and a table, with the
+    /// defaults: marker mode, the marker table `walsink_markers`, tables created if missing,
+    /// warnings for prepared transactions older than 5 minutes.
+    pub fn new(pg: tokio_postgres::Config, table: TableName) -> Config {
+        let host = pg
+            .get_hosts()
+            .first()
+            .map(|h| match h {
+                tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                #[allow(unreachable_patterns)]
+                _ => "socket".to_string(),
+            })
+            .unwrap_or_else(|| "localhost".into());
+        let port = pg.get_ports().first().copied().unwrap_or(5432);
+        let shown = format!(
+            "postgres://{}@{host}:{port}/{}?table={}",
+            pg.get_user().unwrap_or(""),
+            pg.get_dbname().unwrap_or(""),
+            table.plain()
+        );
+        Config {
+            pg,
+            shown,
+            table,
+            marker_table: MarkerTable::default(),
+            mode: Mode::Marker,
+            create: true,
+            prepared_warn_after: DEFAULT_PREPARED_WARN_AFTER,
+            copy_buffer: 256 << 10,
+        }
+    }
+
+    /// Parses a `postgres://` (or `postgresql://`) URL; see [`Config`]. Errors name the
+    /// parameter and never hold the password.
+    pub fn from_url(url: &str) -> Result<Config, ConfigError> {
+        let shown = redact(url);
+        let Some((scheme, _)) = url.split_once("://") else {
+            return Err(ConfigError::new(format!(
+                "{shown:?} is not a URL: use postgres://USER@HOST:PORT/DB?table=NAME"
+            )));
+        };
+        if scheme != "postgres" && scheme != "postgresql" {
+            return Err(ConfigError::new(format!(
+                "{shown:?}: the scheme must be postgres:// or postgresql://"
+            )));
+        }
+        let after_user = url.rfind('@').map_or(scheme.len() + 3, |a| a + 1);
+        let (base, query) = match url[after_user..].find('?') {
+            Some(q) => (&url[..after_user + q], &url[after_user + q + 1..]),
+            None => (url, ""),
+        };
+        let mut table = None;
+        let mut mode = Mode::Marker;
+        let mut marker_table = None;
+        let mut create = true;
+        let mut warn_after = DEFAULT_PREPARED_WARN_AFTER;
+        let mut passed = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = percent_decode(v, k)?;
+            match k {
+                "table" => table = Some(TableName::parse(&v, "table")?),
+                "marker_table" => {
+                    marker_table = Some(MarkerTable::new(TableName::parse(&v, "marker_table")?))
+                }
+                "mode" => {
+                    mode = match v.as_str() {
+                        "marker" => Mode::Marker,
+                        "2pc" => Mode::TwoPhase,
+                        _ => {
+                            return Err(ConfigError::new(format!(
+                                "mode={v:?}: use mode=marker (the default) or mode=2pc"
+                            )))
+                        }
+                    }
+                }
+                "create" => {
+                    create = match v.as_str() {
+                        "true" | "1" | "yes" => true,
+                        "false" | "0" | "no" => false,
+                        _ => {
+                            return Err(ConfigError::new(format!(
+                                "create={v:?}: use create=true or create=false"
+                            )))
+                        }
+                    }
+                }
+                "prepared_warn_after" => warn_after = parse_duration(&v, k)?,
+                "password" => {
+                    return Err(ConfigError::new(
+                        "password= in the query is not accepted (it would show in process lists and logs): put it in the URL's user part or in PGPASSWORD",
+                    ))
+                }
+                _ => passed.push(pair),
+            }
+        }
+        let Some(table) = table else {
+            return Err(ConfigError::new(format!(
+                "{shown}: the table parameter is missing: add ?table=NAME"
+            )));
+        };
+        let mut conn = base.to_string();
+        if !passed.is_empty() {
+            conn.push('?');
+            conn.push_str(&passed.join("&"));
+        }
+        let mut pg = tokio_postgres::Config::from_str(&conn).map_err(|e| {
+            ConfigError::new(format!(
+                "{}: not a PostgreSQL connection URL: {e}",
+                redact(&conn)
+            ))
+        })?;
+        if pg.get_password().is_none() {
+            if let Ok(p) = std::env::var("PGPASSWORD") {
+                pg.password(p);
+            }
+        }
+        if pg.get_hosts().is_empty() {
+            pg.host("localhost");
+        }
+        let mut c = Config::new(pg, table);
+        c.shown = shown;
+        c.mode = mode;
+        c.create = create;
+        c.prepared_warn_after = warn_after;
+        if let Some(m) = marker_table {
+            c.marker_table = m;
+        }
+        Ok(c)
+    }
+
+    /// The connection configuration (tokio-postgres).
+    pub fn pg(&self) -> &tokio_postgres::Config {
+        &self.pg
+    }
+}
+
+/// The URL without the password.
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("url", &self.shown)
+            .field("table", &self.table.plain())
+            .field("marker_table", &self.marker_table.name().plain())
+            .field("mode", &self.mode)
+            .field("create", &self.create)
+            .field("prepared_warn_after", &self.prepared_warn_after)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_parses_with_its_parameters() {
+        let c = Config::from_url(
+            "postgres://alice:s3cret@db.local:6543/app?table=events&mode=2pc&marker_table=ops.marks&create=false&prepared_warn_after=90s&connect_timeout=5",
+        )
+        .unwrap();
+        assert_eq!(c.table.plain(), "events");
+        assert_eq!(c.mode, Mode::TwoPhase);
+        assert_eq!(c.marker_table.name().plain(), "ops.marks");
+        assert!(!c.create);
+        assert_eq!(c.prepared_warn_after, Duration::from_secs(90));
+        assert_eq!(c.pg.get_user(), Some("alice"));
+        assert_eq!(c.pg.get_password(), Some(&b"s3cret"[..]));
+        assert_eq!(c.pg.get_ports(), &[6543]);
+        assert_eq!(c.pg.get_dbname(), Some("app"));
+        assert_eq!(c.pg.get_connect_timeout(), Some(&Duration::from_secs(5)));
+        let m = Config::from_url("postgresql://u@h/d?table=t").unwrap();
+        assert_eq!(m.mode, Mode::Marker);
+        assert_eq!(m.marker_table.name().plain(), "walsink_markers");
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let url = "postgres://alice:s3cret@db:5432/app?table=t";
+        let c = Config::from_url(url).unwrap();
+        for shown in [c.to_string(), format!("{c:?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        assert_eq!(c.to_string(), "postgres://alice:***@db:5432/app?table=t");
+        for bad in [
+            "postgres://alice:s3cret@db/app",
+            "postgres://alice:s3cret@db/app?table=1x",
+            "postgres://alice:s3cret@db/app?table=t&mode=3pc",
+            "postgres://alice:s3cret@db/app?table=t&create=maybe",
+            "postgres://alice:s3cret@db/app?table=t&prepared_warn_after=5",
+            "postgres://alice:s3cret@db:notaport/app?table=t",
+            "postgres://alice:s3cret@db/app?table=t&bogus=1",
+            "postgres://alice@db/app?table=t&password=s3cret",
+            "mysql://alice:s3cret@db/app?table=t",
+        ] {
+            let e = Config::from_url(bad).unwrap_err().to_string();
+            assert!(!e.contains("s3cret"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_parameter() {
+        let e = |u: &str| Config::from_url(u).unwrap_err().to_string();
+        assert!(e("postgres://u@h/d").contains("table parameter is missing"));
+        assert!(e("postgres://u@h/d?table=t&mode=x").contains("mode="));
+        assert!(e("postgres://u@h/d?table=t&create=x").contains("create="));
+        assert!(
+            e("postgres://u@h/d?table=t&prepared_warn_after=x").contains("prepared_warn_after=")
+        );
+        assert!(e("postgres://u@h/d?table=a.b.c").contains("table="));
+        assert!(e("postgres://u@h/d?table=t&marker_table=-").contains("marker_table="));
+    }
+
+    #[test]
+    fn redaction_handles_odd_urls() {
+        assert_eq!(redact("postgres://u:p@h/d"), "postgres://u:***@h/d");
+        assert_eq!(redact("postgres://u@h/d"), "postgres://u@h/d");
+        assert_eq!(
+            redact("postgres://h/d?table=a@b"),
+            "postgres://h/d?table=a@b"
+        );
+        assert_eq!(redact("postgres://u:p%2Fq@h/d"), "postgres://u:***@h/d");
+    }
+}

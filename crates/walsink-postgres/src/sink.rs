@@ -1,0 +1,576 @@
+//! [`PgSink`]: the [`AsyncSink`] that delivers epochs into a PostgreSQL table, exactly-once.
+
+use crate::config::{Config, Mode};
+use crate::error::{sink_error, Class};
+use crate::failpoint;
+use crate::mapping::{self, RawRows, RowMapping};
+use crate::marker::Marker;
+use crate::table::quote_literal;
+use bytes::{Bytes, BytesMut};
+use futures_util::SinkExt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_postgres::types::Type;
+use walsink::{Epoch, EpochKey, SinkError};
+use walsink_tokio::{AsyncChunks, AsyncSink};
+
+/// What this sink's prepared transactions look like on the server (two-phase-commit mode),
+/// as of the last check. A prepared transaction holds its locks and keeps `VACUUM` from
+/// cleaning up behind it until it is committed or rolled back, so an old one needs attention.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PreparedStatus {
+    /// Prepared transactions of this sink id and subtask.
+    pub count: u64,
+    /// Age of the oldest.
+    pub oldest_age: Option<Duration>,
+    /// True when the oldest is older than the configured limit (`prepared_warn_after`).
+    pub over_limit: bool,
+}
+
+/// A shared view of the [`PreparedStatus`], readable while the sink is owned by a committer.
+#[derive(Debug, Clone, Default)]
+pub struct PreparedStatusHandle(Arc<Mutex<PreparedStatus>>);
+
+impl PreparedStatusHandle {
+    /// The status as of the sink's last check (every two-phase delivery checks).
+    pub fn get(&self) -> PreparedStatus {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, s: PreparedStatus) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+}
+
+/// One prepared transaction of this sink found on the server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedXact {
+    /// Its global id (`walsink:{sink_id}:{subtask}:{checkpoint}:{fingerprint}`).
+    pub gid: String,
+    /// The checkpoint it holds.
+    pub checkpoint: u64,
+    /// The fingerprint of the epoch it holds (metadata, record count, bytes).
+    pub fingerprint: u64,
+    /// How long ago it was prepared.
+    pub age: Duration,
+}
+
+/// The global id prefix of the prepared transactions of `(sink_id, subtask)`.
+pub fn gid_prefix(sink_id: &str, subtask: u32) -> String {
+    format!("walsink:{sink_id}:{subtask}:")
+}
+
+/// The global id of the prepared transaction holding epoch `key` with fingerprint `fp`:
+/// deterministic, so a restarted sink finds it again. The fingerprint tells a prepared
+/// transaction of this very epoch from one of an earlier epoch that had the same checkpoint
+/// id (a log that lost its checkpoints and numbered new ones the same way).
+pub fn gid(key: &EpochKey, fp: u64) -> String {
+    format!(
+        "{}{}:{fp:016x}",
+        gid_prefix(&key.sink_id, key.subtask),
+        key.checkpoint
+    )
+}
+
+/// The fingerprint of an epoch: xxh3 of its metadata, record count and byte count.
+pub fn fingerprint(epoch: &Epoch) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(epoch.metadata());
+    h.update(&epoch.len().to_le_bytes());
+    h.update(&epoch.bytes().to_le_bytes());
+    h.digest()
+}
+
+fn parse_gid(prefix: &str, gid: &str) -> Option<(u64, u64)> {
+    let (cp, fp) = gid.strip_prefix(prefix)?.split_once(':')?;
+    Some((cp.parse().ok()?, u64::from_str_radix(fp, 16).ok()?))
+}
+
+struct Conn {
+    client: tokio_postgres::Client,
+    /// The target's columns and their types as the server reports them.
+    columns: Vec<(String, Type)>,
+    copy_sql: String,
+}
+
+/// Delivers epochs into a PostgreSQL table, exactly-once; see the crate documentation.
+///
+/// The sink connects on first use (or with [`PgSink::connect`]), creates the tables if asked
+/// to, and replaces its connection after any failure (the server rolls back whatever the
+/// old one had open). It must run inside a tokio runtime with I/O and timers enabled.
+pub struct PgSink {
+    config: Config,
+    mapping: Arc<dyn RowMapping>,
+    conn: Option<Conn>,
+    status: PreparedStatusHandle,
+}
+
+impl std::fmt::Debug for PgSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSink")
+            .field("config", &self.config)
+            .field("connected", &self.conn.is_some())
+            .finish()
+    }
+}
+
+/// The result of a delivery step that may find the epoch already in the target.
+enum Outcome {
+    Written,
+    AlreadyThere,
+}
+
+impl PgSink {
+    /// A sink for `config` with the default [`RawRows`] mapping. Does not connect yet.
+    pub fn new(config: Config) -> PgSink {
+        PgSink {
+            config,
+            mapping: Arc::new(RawRows),
+            conn: None,
+            status: PreparedStatusHandle::default(),
+        }
+    }
+
+    /// Uses `mapping` to turn records into rows.
+    pub fn with_mapping(mut self, mapping: impl RowMapping) -> PgSink {
+        self.mapping = Arc::new(mapping);
+        self.conn = None;
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// A handle on the status of this sink's prepared transactions (two-phase mode), for
+    /// health reporting while a committer owns the sink.
+    pub fn prepared_status(&self) -> PreparedStatusHandle {
+        self.status.clone()
+    }
+
+    /// Connects (if not connected), creates the marker table and the target table if
+    /// `create` is set and they are missing, and reads the target's column types.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a connection half set up is dropped and made again on the next call.
+    pub async fn connect(&mut self) -> Result<(), SinkError> {
+        if self.conn.as_ref().is_some_and(|c| !c.client.is_closed()) {
+            return Ok(());
+        }
+        self.conn = None;
+        let shown = self.config.to_string();
+        let (client, connection) = self
+            .config
+            .pg
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| sink_error(&format!("connect to {shown}"), e))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "PostgreSQL connection ended");
+            }
+        });
+        let table = &self.config.table;
+        let marker = &self.config.marker_table;
+        let exists = |name: String| {
+            let client = &client;
+            async move {
+                let row = client
+                    .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+                    .await?;
+                Ok::<bool, tokio_postgres::Error>(row.get(0))
+            }
+        };
+        if self.config.create {
+            // Look before creating: CREATE ... IF NOT EXISTS needs the CREATE privilege on
+            // the schema even when the table is there.
+            if !exists(marker.name().to_string())
+                .await
+                .map_err(|e| sink_error("look up the marker table", e))?
+            {
+                marker.create(&client).await.map_err(|e| {
+                    sink_error(
+                        &format!("create the marker table {}", marker.name().plain()),
+                        e,
+                    )
+                })?;
+            }
+            if let Some(ddl) = self.mapping.create_table(table) {
+                if !exists(table.to_string())
+                    .await
+                    .map_err(|e| sink_error("look up the target table", e))?
+                {
+                    client.batch_execute(&ddl).await.map_err(|e| {
+                        sink_error(&format!("create the table {}", table.plain()), e)
+                    })?;
+                }
+            }
+        }
+        let names = self.mapping.columns();
+        let list = mapping::column_list(&names);
+        let stmt = client
+            .prepare(&format!("SELECT {list} FROM {table}"))
+            .await
+            .map_err(|e| sink_error(&format!("read the columns of {}", table.plain()), e))?;
+        let columns = names
+            .into_iter()
+            .zip(stmt.columns().iter().map(|c| c.type_().clone()))
+            .collect();
+        let copy_sql = format!("COPY {table} ({list}) FROM STDIN (FORMAT binary)");
+        self.conn = Some(Conn {
+            client,
+            columns,
+            copy_sql,
+        });
+        Ok(())
+    }
+
+    async fn client(&mut self) -> Result<&mut Conn, SinkError> {
+        self.connect().await?;
+        Ok(self.conn.as_mut().expect("connected above"))
+    }
+
+    /// The epochs the target holds for `(sink_id, subtask)`, oldest first, with their
+    /// checkpoint metadata (from the marker table; empty when it does not exist yet).
+    pub async fn committed(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+    ) -> Result<Vec<Marker>, SinkError> {
+        let marker = self.config.marker_table.clone();
+        let c = self.client().await?;
+        match marker.committed(&c.client, sink_id, subtask).await {
+            Ok(m) => Ok(m),
+            Err(e) if e.code().is_some_and(|s| s.code() == "42P01") => Ok(Vec::new()),
+            Err(e) => {
+                self.conn = None;
+                Err(sink_error("read the marker table", e))
+            }
+        }
+    }
+
+    /// The prepared transactions of `(sink_id, subtask)` on the server, oldest first, and
+    /// the status they make (also stored for [`PgSink::prepared_status`]; a warning is
+    /// logged when the oldest is past `prepared_warn_after`).
+    pub async fn check_prepared(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+    ) -> Result<Vec<PreparedXact>, SinkError> {
+        let prefix = gid_prefix(sink_id, subtask);
+        let limit = self.config.prepared_warn_after;
+        let c = self.client().await?;
+        let rows = c
+            .client
+            .query(
+                "SELECT gid, extract(epoch FROM now() - prepared)::float8 FROM pg_prepared_xacts \
+                 WHERE database = current_database() AND left(gid, length($1)) = $1 ORDER BY prepared",
+                &[&prefix],
+            )
+            .await
+            .map_err(|e| sink_error("list prepared transactions", e))?;
+        let found: Vec<PreparedXact> = rows
+            .iter()
+            .filter_map(|r| {
+                let gid: String = r.get(0);
+                let age = Duration::from_secs_f64(r.get::<_, f64>(1).max(0.0));
+                let (checkpoint, fingerprint) = parse_gid(&prefix, &gid)?;
+                Some(PreparedXact {
+                    gid,
+                    checkpoint,
+                    fingerprint,
+                    age,
+                })
+            })
+            .collect();
+        let oldest = found.iter().map(|p| p.age).max();
+        let over = oldest.is_some_and(|a| a > limit);
+        if over {
+            let p = found.iter().max_by_key(|p| p.age).expect("an oldest one");
+            tracing::warn!(
+                gid = %p.gid,
+                age_s = p.age.as_secs(),
+                limit_s = limit.as_secs(),
+                "a prepared transaction of this sink is older than prepared_warn_after: it holds locks and holds back VACUUM until walsink delivers again (or an operator commits or rolls it back)"
+            );
+        }
+        self.status.set(PreparedStatus {
+            count: found.len() as u64,
+            oldest_age: oldest,
+            over_limit: over,
+        });
+        Ok(found)
+    }
+
+    /// Rolls back the prepared transactions of `(sink_id, subtask)` whose checkpoint
+    /// `keep` rejects: those of epochs voided by a restore. Call it after opening the log
+    /// (`keep`: the checkpoint is in the recovery report's `pending`) and after
+    /// `WalSink::restore`; the prepared transaction of a pending epoch is committed by the
+    /// epoch's delivery without writing its rows again. Returns the global ids rolled back.
+    pub async fn roll_back_voided(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+        keep: impl Fn(u64) -> bool,
+    ) -> Result<Vec<String>, SinkError> {
+        let found = self.check_prepared(sink_id, subtask).await?;
+        let mut gone = Vec::new();
+        for p in found.into_iter().filter(|p| !keep(p.checkpoint)) {
+            tracing::warn!(gid = %p.gid, "rolling back the prepared transaction of a voided epoch");
+            self.finish_prepared(&p.gid, false).await?;
+            gone.push(p.gid);
+        }
+        self.check_prepared(sink_id, subtask).await?;
+        Ok(gone)
+    }
+
+    /// `COMMIT PREPARED` (or `ROLLBACK PREPARED`) `gid`. A transaction that is no longer
+    /// prepared is reported as `Ok(false)`.
+    async fn finish_prepared(&mut self, gid: &str, commit: bool) -> Result<bool, SinkError> {
+        let verb = if commit { "COMMIT" } else { "ROLLBACK" };
+        let c = self.client().await?;
+        match c
+            .client
+            .batch_execute(&format!("{verb} PREPARED {}", quote_literal(gid)))
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(e) if e.code().is_some_and(|s| s.code() == "42704") => Ok(false),
+            Err(e) => {
+                self.conn = None;
+                Err(sink_error(&format!("{verb} PREPARED '{gid}'"), e))
+            }
+        }
+    }
+
+    /// Before a two-phase delivery: resolves the prepared transactions of this sink. The one
+    /// holding this very epoch is committed (`true`: the epoch is in); any other is rolled
+    /// back, since the committer has moved on from it (its epoch was voided by a restore, or
+    /// was an earlier epoch under the same checkpoint id). Nothing else can be pending: each
+    /// delivery commits its prepared transaction before it returns.
+    async fn resolve_prepared(&mut self, key: &EpochKey, fp: u64) -> Result<bool, SinkError> {
+        let found = self.check_prepared(&key.sink_id, key.subtask).await?;
+        let mut committed = false;
+        for p in found {
+            if p.checkpoint == key.checkpoint && p.fingerprint == fp {
+                tracing::info!(gid = %p.gid, "committing the prepared transaction of the epoch being delivered");
+                committed = self.finish_prepared(&p.gid, true).await? || committed;
+            } else {
+                let why = if p.checkpoint < key.checkpoint {
+                    "its epoch was voided (a restore) or superseded"
+                } else if p.checkpoint == key.checkpoint {
+                    "it holds another epoch under the same checkpoint id"
+                } else {
+                    "its checkpoint is ahead of the log's (the log was lost or replaced)"
+                };
+                tracing::warn!(gid = %p.gid, delivering = key.checkpoint, "rolling back a prepared transaction: {why}");
+                self.finish_prepared(&p.gid, false).await?;
+            }
+        }
+        if committed {
+            self.status.set(PreparedStatus::default());
+        }
+        Ok(committed)
+    }
+
+    /// Writes the epoch in one transaction: the marker first (it finds an epoch already
+    /// committed), the rows by COPY, then COMMIT, or PREPARE TRANSACTION and COMMIT PREPARED.
+    async fn write_epoch(&mut self, epoch: &Epoch, fp: u64) -> Result<Outcome, SinkError> {
+        let key = epoch.key().clone();
+        let mode = self.config.mode;
+        let marker = self.config.marker_table.clone();
+        let mapping = self.mapping.clone();
+        let cap = self.config.copy_buffer.max(4096);
+        let table = self.config.table.plain();
+        let c = self.client().await?;
+        let client = &c.client;
+        client
+            .batch_execute("BEGIN")
+            .await
+            .map_err(|e| sink_error("BEGIN", e))?;
+        let fresh = marker
+            .write(client, &key, epoch.metadata(), epoch.len())
+            .await
+            .map_err(|e| {
+                sink_error(
+                    &format!("write the marker into {}", marker.name().plain()),
+                    e,
+                )
+            })?;
+        if !fresh {
+            client
+                .batch_execute("ROLLBACK")
+                .await
+                .map_err(|e| sink_error("ROLLBACK", e))?;
+            return Ok(Outcome::AlreadyThere);
+        }
+        if !epoch.is_empty() {
+            let copy = client
+                .copy_in::<_, Bytes>(&c.copy_sql)
+                .await
+                .map_err(|e| sink_error(&format!("COPY into {table}"), e))?;
+            futures_util::pin_mut!(copy);
+            let mut buf = BytesMut::with_capacity(cap + (64 << 10));
+            mapping::copy_header(&mut buf);
+            let mut chunks = AsyncChunks::new(epoch);
+            while let Some(chunk) = chunks.next().await {
+                let chunk = chunk.map_err(|e| {
+                    SinkError::retryable(format!(
+                        "read checkpoint {} from the log: {e}",
+                        key.checkpoint
+                    ))
+                })?;
+                for r in chunk.records() {
+                    mapping::encode_row(&*mapping, &c.columns, &key, &r, &mut buf).map_err(
+                        |e| {
+                            SinkError::permanent(format!(
+                                "map record {} of checkpoint {} to a row of {table}: {e}",
+                                r.position.index, key.checkpoint
+                            ))
+                        },
+                    )?;
+                    if buf.len() >= cap {
+                        let full =
+                            std::mem::replace(&mut buf, BytesMut::with_capacity(cap + (64 << 10)));
+                        copy.send(full.freeze())
+                            .await
+                            .map_err(|e| sink_error(&format!("COPY into {table}"), e))?;
+                    }
+                }
+            }
+            mapping::copy_trailer(&mut buf);
+            copy.send(buf.freeze())
+                .await
+                .map_err(|e| sink_error(&format!("COPY into {table}"), e))?;
+            let n = copy
+                .as_mut()
+                .finish()
+                .await
+                .map_err(|e| sink_error(&format!("COPY into {table}"), e))?;
+            if n != epoch.len() {
+                return Err(SinkError::permanent(format!(
+                    "COPY into {table} took {n} rows of checkpoint {}'s {} records (a rule or trigger on the table?)",
+                    key.checkpoint,
+                    epoch.len()
+                )));
+            }
+        }
+        failpoint::hit("after-copy");
+        match mode {
+            Mode::Marker => {
+                client
+                    .batch_execute("COMMIT")
+                    .await
+                    .map_err(|e| sink_error("COMMIT", e))?;
+            }
+            Mode::TwoPhase => {
+                let g = gid(&key, fp);
+                client
+                    .batch_execute(&format!("PREPARE TRANSACTION {}", quote_literal(&g)))
+                    .await
+                    .map_err(|e| sink_error(&format!("PREPARE TRANSACTION '{g}'"), e))?;
+                failpoint::hit("after-prepare");
+                self.commit_prepared(&key, &g).await?;
+            }
+        }
+        failpoint::hit("after-commit");
+        Ok(Outcome::Written)
+    }
+
+    /// `COMMIT PREPARED gid`, made certain: after a lost connection or a transaction no
+    /// longer prepared, the marker says whether the epoch is in (success) or not (an error;
+    /// the epoch is written again on retry).
+    async fn commit_prepared(&mut self, key: &EpochKey, g: &str) -> Result<(), SinkError> {
+        let first = self.finish_prepared(g, true).await;
+        if let Ok(true) = first {
+            self.status.set(PreparedStatus::default());
+            return Ok(());
+        }
+        // Not prepared any more, or the outcome is unknown: ask the target on a sound
+        // connection.
+        self.conn = None;
+        let marker = self.config.marker_table.clone();
+        let c = self.client().await?;
+        let there = marker
+            .is_committed(&c.client, key)
+            .await
+            .map_err(|e| sink_error("read the marker after COMMIT PREPARED", e))?;
+        if there {
+            return Ok(());
+        }
+        if self.finish_prepared(g, true).await? {
+            self.status.set(PreparedStatus::default());
+            return Ok(());
+        }
+        Err(first.err().unwrap_or_else(|| {
+            SinkError::retryable(format!(
+                "the prepared transaction '{g}' is gone without its epoch in the target (rolled back by someone else); checkpoint {} is written again",
+                key.checkpoint
+            ))
+        }))
+    }
+}
+
+impl AsyncSink for PgSink {
+    /// Delivers one epoch in one transaction (see [`PgSink`]).
+    ///
+    /// # Cancel safety
+    /// Dropped half-way, the transaction is left open on a connection that the next call
+    /// replaces, so the server rolls it back; a prepared transaction left behind is
+    /// committed by the next delivery of the same epoch.
+    async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+        failpoint::count_delivery();
+        // A connection that was in the middle of something (a cancelled call) is replaced.
+        self.conn = self.conn.take().filter(|c| !c.client.is_closed());
+        let fp = fingerprint(epoch);
+        let r = async {
+            if self.config.mode == Mode::TwoPhase && self.resolve_prepared(epoch.key(), fp).await? {
+                return Ok(Outcome::AlreadyThere);
+            }
+            self.write_epoch(epoch, fp).await
+        }
+        .await;
+        match r {
+            Ok(Outcome::Written) => Ok(()),
+            Ok(Outcome::AlreadyThere) => {
+                tracing::info!(
+                    checkpoint = epoch.checkpoint(),
+                    "the epoch is already in the target (its marker is committed); nothing written"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                // Whatever the connection had open is rolled back by the server when it goes.
+                self.conn = None;
+                Err(e)
+            }
+        }
+    }
+
+    fn stores_marker(&self) -> bool {
+        true
+    }
+
+    /// # Cancel safety
+    /// Cancel safe (a read).
+    async fn is_committed(&mut self, key: &EpochKey) -> Result<bool, SinkError> {
+        let marker = self.config.marker_table.clone();
+        let c = self.client().await?;
+        match marker.is_committed(&c.client, key).await {
+            Ok(b) => Ok(b),
+            Err(e) => {
+                self.conn = None;
+                Err(sink_error("read the marker", e))
+            }
+        }
+    }
+}
+
+/// The class of a [`SinkError`] in this crate's terms.
+pub fn class_of(e: &SinkError) -> Class {
+    match e.class() {
+        walsink::SinkErrorClass::Permanent => Class::Permanent,
+        _ => Class::Retryable,
+    }
+}

@@ -1,0 +1,266 @@
+//! A private PostgreSQL cluster for tests that need settings the shared server does not have
+//! (`max_prepared_transactions > 0`, `wal_level = logical`) or that stop and restart the
+//! server (feature `testkit`).
+//!
+//! [`Cluster::start`] runs `initdb` and `pg_ctl` from the installed PostgreSQL binaries as the
+//! `postgres` OS user (through `runuser` when the test runs as root), in a temporary
+//! directory, listening on 127.0.0.1 on a free port, with trust authentication and the
+//! settings given. Dropping the [`Cluster`] stops the server (immediate mode) and removes the
+//! directory, also when the test panics.
+//!
+//! ```no_run
+//! # fn main() -> std::io::Result<()> {
+//! let pg = walsink_postgres::testkit::Cluster::start(&[("max_prepared_transactions", "10")])?;
+//! let url = pg.url("postgres"); // postgres://postgres@127.0.0.1:PORT/postgres
+//! # Ok(()) }
+//! ```
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+/// Where the PostgreSQL binaries are looked for, newest first (`WALSINK_PG_BIN` overrides).
+const BIN_DIRS: &[&str] = &[
+    "/usr/lib/postgresql/17/bin",
+    "/usr/lib/postgresql/16/bin",
+    "/usr/lib/postgresql/15/bin",
+    "/usr/lib/postgresql/14/bin",
+];
+
+/// A running private cluster; stopped and removed on drop.
+#[derive(Debug)]
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    as_postgres: bool,
+}
+
+fn bin_dir() -> io::Result<PathBuf> {
+    if let Ok(p) = std::env::var("WALSINK_PG_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    BIN_DIRS
+        .iter()
+        .map(PathBuf::from)
+        .find(|d| d.join("initdb").exists())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no PostgreSQL binaries (initdb) in {BIN_DIRS:?}; set WALSINK_PG_BIN"),
+            )
+        })
+}
+
+fn free_port() -> io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn is_root() -> bool {
+    // The uid of this process, without a libc dependency.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+impl Cluster {
+    /// Creates and starts a cluster with `settings` (`name`, `value` pairs passed to the
+    /// server as `-c name=value`, for example `("max_prepared_transactions", "10")` or
+    /// `("wal_level", "logical")`).
+    pub fn start(settings: &[(&str, &str)]) -> io::Result<Cluster> {
+        let bin = bin_dir()?;
+        let as_postgres = is_root();
+        let dir = tempfile::Builder::new()
+            .prefix("walsink-pg-")
+            .tempdir_in(std::env::temp_dir())?;
+        if as_postgres {
+            run_checked(Command::new("chown").arg("postgres:").arg(dir.path()))?;
+        }
+        let mut c = Cluster {
+            dir,
+            bin,
+            port: 0,
+            as_postgres,
+        };
+        let data = c.data_dir();
+        c.run(
+            "initdb",
+            &[
+                "-D",
+                path_str(&data)?,
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ],
+        )?;
+        // Settings go into postgresql.auto.conf so a restart keeps them.
+        let mut conf = String::from("listen_addresses = '127.0.0.1'\n");
+        conf.push_str(&format!(
+            "unix_socket_directories = '{}'\nfsync = on\n",
+            c.dir.path().display()
+        ));
+        for (k, v) in settings {
+            conf.push_str(&format!("{k} = '{}'\n", v.replace('\'', "''")));
+        }
+        let auto = data.join("postgresql.auto.conf");
+        let mut existing = std::fs::read_to_string(&auto).unwrap_or_default();
+        existing.push_str(&conf);
+        std::fs::write(&auto, existing)?;
+        // A port picked free can be taken before the server binds it: try a few.
+        let mut last = None;
+        for _ in 0..5 {
+            c.port = free_port()?;
+            match c.pg_ctl_start() {
+                Ok(()) => return Ok(c),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("could not start the cluster")))
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn pg_ctl_start(&self) -> io::Result<()> {
+        let data = self.data_dir();
+        let log = self.dir.path().join("server.log");
+        let opts = format!("-p {}", self.port);
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&data)?,
+                "-l",
+                path_str(&log)?,
+                "-o",
+                &opts,
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        )
+        .map(|_| ())
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) -> io::Result<Output> {
+        let exe = self.bin.join(tool);
+        let mut cmd = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        cmd.args(args).current_dir(self.dir.path());
+        run_checked(&mut cmd)
+    }
+
+    /// The port the server listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A connection URL for `db` as user `postgres` (trust authentication, no password).
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// The cluster's directory (data directory in `data/`, server log in `server.log`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The server log so far, for failure messages.
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Stops the server: `fast` waits for sessions to be terminated cleanly (they see 57P01),
+    /// `immediate` is a crash (no shutdown checkpoint; recovery on the next start).
+    pub fn stop(&self, mode: StopMode) -> io::Result<()> {
+        let data = self.data_dir();
+        let m = match mode {
+            StopMode::Fast => "fast",
+            StopMode::Immediate => "immediate",
+        };
+        self.run(
+            "pg_ctl",
+            &["-D", path_str(&data)?, "-m", m, "-w", "-t", "60", "stop"],
+        )
+        .map(|_| ())
+    }
+
+    /// Starts the server again on the same port after [`Cluster::stop`].
+    pub fn start_again(&self) -> io::Result<()> {
+        let mut last = None;
+        for _ in 0..20 {
+            match self.pg_ctl_start() {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    last = Some(e);
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("could not restart the cluster")))
+    }
+
+    /// Stops and starts the server (`mode` as in [`Cluster::stop`]).
+    pub fn restart(&self, mode: StopMode) -> io::Result<()> {
+        self.stop(mode)?;
+        self.start_again()
+    }
+}
+
+/// How [`Cluster::stop`] stops the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// Terminate sessions, shutdown checkpoint.
+    Fast,
+    /// Crash: kill every server process, recover on the next start.
+    Immediate,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.port != 0 {
+            let _ = self.stop(StopMode::Immediate);
+        }
+        // The TempDir removes the directory after this.
+    }
+}
+
+fn path_str(p: &Path) -> io::Result<&str> {
+    p.to_str()
+        .ok_or_else(|| io::Error::other(format!("path {} is not UTF-8", p.display())))
+}
+
+fn run_checked(cmd: &mut Command) -> io::Result<Output> {
+    let out = cmd.output()?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(io::Error::other(format!(
+            "{:?} failed ({}): {}{}",
+            cmd,
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )))
+    }
+}

@@ -14,19 +14,23 @@
 
 use crate::config::{ident, Config};
 use crate::event::{self, BadEvent, Event, Op};
-use crate::marker;
-use crate::pgerr::classify;
 use crate::plan::{Planner, Step, TableMeta};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use tokio_postgres::{Client, Statement, Transaction};
 use walsink::sinks::CommittedEpoch;
 use walsink::{Epoch, EpochKey, RecordPosition, SinkError};
+use walsink_postgres::{MarkerTable, TableName};
 use walsink_tokio::{AsyncChunks, AsyncSink};
+
+fn classify(e: tokio_postgres::Error, what: &str) -> SinkError {
+    walsink_postgres::sink_error(what, e)
+}
 
 /// Applies Debezium events to PostgreSQL, exactly once: see the crate docs.
 pub struct CdcSink {
     config: Config,
+    marker: MarkerTable,
     client: Option<Client>,
     /// Table metadata, valid for this connection until a delivery fails (an `ALTER` may have
     /// been rolled back).
@@ -61,7 +65,19 @@ const TABLES: &str = "walsink_cdc_tables";
 impl CdcSink {
     /// Connects and creates the bookkeeping tables if they are missing.
     pub async fn connect(config: Config) -> Result<CdcSink, SinkError> {
+        let marker = MarkerTable::new(
+            TableName::parse(
+                &format!(
+                    "{}.{}",
+                    config.schema,
+                    walsink_postgres::marker::DEFAULT_TABLE
+                ),
+                "schema",
+            )
+            .map_err(|e| SinkError::permanent(e.to_string()))?,
+        );
         let mut s = CdcSink {
+            marker,
             config,
             client: None,
             tables: HashMap::new(),
@@ -112,7 +128,7 @@ impl CdcSink {
             for attempt in 0..3 {
                 let r = async {
                     client.batch_execute(&ddl).await?;
-                    marker::ensure(&client, &self.config.schema).await
+                    self.marker.create(&client).await
                 }
                 .await;
                 match r {
@@ -143,11 +159,20 @@ impl CdcSink {
         sink_id: &str,
         subtask: u32,
     ) -> Result<Vec<CommittedEpoch>, SinkError> {
-        let schema = self.config.schema.clone();
+        let marker = self.marker.clone();
         let c = self.client().await?;
-        marker::committed(c, &schema, sink_id, subtask)
+        let markers = marker
+            .committed(&*c, sink_id, subtask)
             .await
-            .map_err(|e| classify(e, "read the commit markers"))
+            .map_err(|e| classify(e, "read the commit markers"))?;
+        Ok(markers
+            .into_iter()
+            .map(|m| CommittedEpoch {
+                checkpoint: m.checkpoint,
+                file: format!("{} checkpoint {}", marker.name().plain(), m.checkpoint),
+                metadata: Some(m.metadata),
+            })
+            .collect())
     }
 
     async fn apply(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
@@ -157,6 +182,7 @@ impl CdcSink {
         let max_held = self.config.max_held;
         self.client().await?;
         let CdcSink {
+            marker,
             client,
             tables,
             statements,
@@ -168,6 +194,14 @@ impl CdcSink {
             .transaction()
             .await
             .map_err(|e| classify(e, "begin"))?;
+        // The marker first: it is the epoch's lock, and finding it means the epoch is in.
+        let fresh = marker
+            .write(&tx, epoch.key(), epoch.metadata(), epoch.len())
+            .await
+            .map_err(|e| classify(e, "write the commit marker"))?;
+        if !fresh {
+            return Ok(());
+        }
         let mut planner = Planner::new();
         let mut chunks = AsyncChunks::new(epoch);
         while let Some(chunk) = chunks.next().await {
@@ -201,9 +235,6 @@ impl CdcSink {
             }
         }
         run(&tx, statements, tables, &schema, planner.drain(), stats).await?;
-        marker::write(&tx, &schema, epoch.key(), epoch.metadata())
-            .await
-            .map_err(|e| classify(e, "write the commit marker"))?;
         tx.commit().await.map_err(|e| classify(e, "commit"))?;
         stats.epochs += 1;
         Ok(())
@@ -226,9 +257,10 @@ impl AsyncSink for CdcSink {
     }
 
     async fn is_committed(&mut self, key: &EpochKey) -> Result<bool, SinkError> {
-        let schema = self.config.schema.clone();
+        let marker = self.marker.clone();
         let c = self.client().await?;
-        marker::is_committed(c, &schema, key)
+        marker
+            .is_committed(&*c, key)
             .await
             .map_err(|e| classify(e, "read the commit marker"))
     }

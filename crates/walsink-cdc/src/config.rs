@@ -190,7 +190,18 @@ impl Config {
         };
         for (k, v) in &url.params {
             match k.as_str() {
-                "schema" if !v.is_empty() => c.schema = v.clone(),
+                "schema" => {
+                    let ok = !v.is_empty()
+                        && v.len() <= 63
+                        && !v.as_bytes()[0].is_ascii_digit()
+                        && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+                    if !ok {
+                        return Err(format!(
+                            "parameter schema={v:?}: expected 1 to 63 letters, digits or _, not starting with a digit"
+                        ));
+                    }
+                    c.schema = v.clone()
+                }
                 "add_missing_columns" => c.add_missing_columns = flag(k, v)?,
                 "position" => c.position = PositionField::new(v)?,
                 "max_held" => {

@@ -19,8 +19,6 @@ mod apply;
 pub mod capture;
 pub mod config;
 pub mod event;
-mod marker;
-pub mod pgerr;
 pub mod pgoutput;
 pub mod plan;
 

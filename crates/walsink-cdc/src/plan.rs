@@ -98,7 +98,7 @@ pub enum PlanError {
     },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 enum Kind {
     Upsert,
     Delete,
@@ -214,8 +214,9 @@ impl Planner {
         let (flush_first, new_key) = match keys.get(&k) {
             // Changes nothing, whatever the row holds.
             Some(w) if change.rank <= w.change.rank => return,
-            // The partial image must land on top of the earlier one: flush, then keep it.
-            Some(w) => (partial && matches!(w.kind, Kind::Upsert), false),
+            // A partial image must land on what the earlier event left (the earlier image, or
+            // no row after a delete): flush, then keep it.
+            Some(_) => (partial, false),
             None => (false, true),
         };
         if flush_first {

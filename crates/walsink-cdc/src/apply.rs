@@ -152,6 +152,20 @@ impl CdcSink {
         Ok(self.client.as_mut().expect("set above"))
     }
 
+    /// Runs `statements` on the target in one transaction (to create the replica tables).
+    pub async fn execute(&mut self, statements: &[String]) -> Result<(), SinkError> {
+        let c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| classify(e, "begin"))?;
+        for s in statements {
+            tx.batch_execute(s)
+                .await
+                .map_err(|e| classify(e, &format!("run {s}")))?;
+        }
+        tx.commit().await.map_err(|e| classify(e, "commit"))?;
+        self.tables.clear();
+        Ok(())
+    }
+
     /// The epochs the target holds for `(sink_id, subtask)`, oldest first, with their
     /// checkpoint metadata (for resuming).
     pub async fn committed(

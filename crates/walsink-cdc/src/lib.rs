@@ -17,6 +17,7 @@
 
 mod apply;
 pub mod capture;
+pub mod check;
 pub mod config;
 pub mod event;
 pub mod pgoutput;
@@ -25,3 +26,4 @@ pub mod plan;
 pub use apply::{CdcSink, Stats};
 pub use config::Config;
 pub use event::{BadEvent, Event, EventError, Op, PositionField};
+pub use tokio_postgres;

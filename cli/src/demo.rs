@@ -15,7 +15,11 @@ use walsink::DirSink;
 
 /// Arguments of `walsink demo`.
 #[derive(Args, Debug, Clone)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct DemoArgs {
+    /// Another demo instead of the default one.
+    #[command(subcommand)]
+    pub other: Option<OtherDemo>,
     /// Work in this directory (kept afterwards) instead of a temporary one.
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -40,6 +44,16 @@ pub struct DemoArgs {
     /// No progress output.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// The demos besides the default one.
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum OtherDemo {
+    /// Change data capture end to end: a private PostgreSQL cluster, a random workload on a
+    /// source table, `walsink cdc --source` killed with SIGKILL, and the replica compared
+    /// with the source.
+    #[cfg(feature = "cdc")]
+    Cdc(crate::demo_cdc::CdcDemoArgs),
 }
 
 /// The text of input record `i`: its number and a deterministic payload.
@@ -160,6 +174,12 @@ pub fn check_target(out: &Path, n: u64) -> CliResult<(u64, u64, u64)> {
 
 /// Runs the demo.
 pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
+    #[allow(clippy::match_single_binding)]
+    match args.other.clone() {
+        #[cfg(feature = "cdc")]
+        Some(OtherDemo::Cdc(a)) => return crate::demo_cdc::run(a),
+        _ => {}
+    }
     let mut tmp = None;
     let base = match &args.dir {
         Some(d) => {

@@ -4,8 +4,12 @@
 //! I/O errors (a directory that is not a log, a target that keeps failing). JSON goes to
 //! stdout, logs and progress to stderr.
 
+#[cfg(feature = "cdc")]
+mod cdc;
 mod deliver;
 mod demo;
+#[cfg(feature = "cdc")]
+mod demo_cdc;
 mod pipe;
 mod pipe_args;
 mod progress;
@@ -80,6 +84,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Apply Debezium change events to PostgreSQL exactly once, from a file of events
+    /// (--input) or from a PostgreSQL replication slot (--source); re-run to resume.
+    #[cfg(feature = "cdc")]
+    Cdc(cdc::CdcArgs),
     /// Show the mission end to end: ship records through `pipe`, kill it with SIGKILL at
     /// random moments, restart it, and check that every record arrived exactly once.
     Demo(demo::DemoArgs),
@@ -98,6 +106,8 @@ fn main() -> ExitCode {
             committed,
             json,
         } => repair::repair(&dir, force, committed, json),
+        #[cfg(feature = "cdc")]
+        Command::Cdc(args) => cdc::run(args),
         Command::Demo(args) => demo::run(args),
     };
     match result {

@@ -35,9 +35,20 @@ fn explain_open(e: walsink::Error, wal: &Path) -> Box<dyn std::error::Error> {
     }
 }
 
+/// What a command built on `pipe` (`walsink cdc --input`) changes: its own target instead of
+/// `--sink`'s, and a check of every line before it is shipped.
+#[derive(Default)]
+pub(crate) struct Hooks {
+    /// The target, in place of parsing `--sink`.
+    pub target: Option<Box<dyn crate::targets::Target>>,
+    /// Refuses a line (the message says why) before it goes into the log.
+    pub check_line: Option<fn(&[u8]) -> Result<(), String>>,
+}
+
 /// The state of one run between checkpoints.
 struct Run<'a> {
     args: &'a PipeArgs,
+    check_line: Option<fn(&[u8]) -> Result<(), String>>,
     wal: &'a WalSink,
     source: Source,
     log_id: String,
@@ -153,6 +164,14 @@ impl Run<'_> {
                     continue;
                 }
             }
+            if let Some(check) = self.check_line {
+                check(&line).map_err(|e| {
+                    Refused(format!(
+                        "line {} of {input} is refused: {e}; nothing after the last checkpoint was shipped",
+                        self.source.lines()
+                    ))
+                })?;
+            }
             if let Some(stop) = self.append(&line)? {
                 return Ok((Some(stop), 0));
             }
@@ -246,6 +265,11 @@ fn open_source(
 
 /// Runs the pipe to the end of the input and until everything is delivered.
 pub fn run(args: PipeArgs) -> CliResult<ExitCode> {
+    run_with(args, Hooks::default())
+}
+
+/// [`run`] with a command's own target and line check.
+pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
     if args.checkpoint_every == 0 {
         return Err("--checkpoint-every must be at least 1".into());
     }
@@ -254,7 +278,10 @@ pub fn run(args: PipeArgs) -> CliResult<ExitCode> {
     if args.follow && input == InputSpec::Stdin {
         return Err("--follow needs an input file; standard input is read to its end".into());
     }
-    let sink_spec = parse_sink(&args.sink)?;
+    let sink_spec = match hooks.target {
+        Some(t) => SinkSpec::Target(t),
+        None => parse_sink(&args.sink)?,
+    };
     if args.json && matches!(sink_spec, SinkSpec::Stdout) {
         return Err("--json with --sink stdout would mix the summary into the records".into());
     }
@@ -375,6 +402,7 @@ pub fn run(args: PipeArgs) -> CliResult<ExitCode> {
     pb.set_position(start_offset);
     let mut run = Run {
         args: &args,
+        check_line: hooks.check_line,
         wal: &wal,
         source,
         log_id: resume.log_id.clone(),

@@ -1,0 +1,440 @@
+//! `walsink cdc`: Debezium change events applied to PostgreSQL exactly once, from a file of
+//! events (`--input`, through `pipe`'s resumable reading) or from a PostgreSQL replication
+//! slot (`--source`). Re-running the same command resumes after a crash.
+//!
+//! With `--source`, each checkpoint's metadata holds where the source stands (the slot, its
+//! consistent point, the snapshot's progress, the last transaction taken and the events so
+//! far), and the target keeps that metadata beside each epoch's commit marker. A run resumes
+//! after the further of the log's newest checkpoint and the target's newest marker, and the
+//! slot is advanced only to the end of a transaction whose epoch the target committed.
+
+use crate::deliver::{self, Limits, Stop, Watch, Watched};
+use crate::pipe_args::{check_log_dir, parse_duration, PipeArgs};
+use crate::progress::plural;
+use crate::targets::Target;
+use crate::{CliResult, Refused};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use walsink::sinks::CommittedEpoch;
+use walsink::{Options, Sink, WalSink};
+use walsink_cdc::capture::{Capture, SourceConfig, SourcePos};
+use walsink_cdc::{CdcSink, Config};
+use walsink_tokio::BlockingSink;
+
+/// Arguments of `walsink cdc`.
+#[derive(Args, Debug, Clone)]
+pub struct CdcArgs {
+    /// A file of Debezium events, one JSON per line (as exported from Kafka). Every line is
+    /// checked before it is shipped; `null` lines (tombstones) are kept and skipped.
+    #[arg(long, conflicts_with = "source", required_unless_present = "source")]
+    pub input: Option<PathBuf>,
+    /// A PostgreSQL source: `postgres://USER@HOST:PORT/DB?slot=NAME&tables=a,b` (needs
+    /// wal_level=logical; the publication and slot are created if missing).
+    #[arg(long)]
+    pub source: Option<String>,
+    /// The log directory (created if missing or empty).
+    #[arg(long)]
+    pub wal: PathBuf,
+    /// The target: `postgres://USER@HOST:PORT/DB?schema=NAME[&add_missing_columns=true]
+    /// [&position=source.lsn]`. Events for `source.table` T go to `NAME.T`.
+    #[arg(long)]
+    pub sink: String,
+    /// Stable sink id, kept with each commit marker.
+    #[arg(long, default_value = "cdc")]
+    pub sink_id: String,
+    /// With --input: checkpoint after this many events.
+    #[arg(long, default_value_t = 5_000)]
+    pub checkpoint_every: u64,
+    /// Keep reading (a growing --input file, or the slot) until stopped by a signal.
+    /// Without it the run ends once the input or the slot has nothing more.
+    #[arg(long)]
+    pub follow: bool,
+    /// Give up after this many failed deliveries with a permanent error in a row (exit 2).
+    #[arg(long, default_value_t = 5)]
+    pub max_retries: u32,
+    /// Give up when one checkpoint keeps failing, whatever the error, for this long.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub retry_deadline: Duration,
+    /// No notices (errors are still printed).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// A multi-thread runtime shared by the sink's connection and the command.
+fn runtime() -> CliResult<Arc<tokio::runtime::Runtime>> {
+    Ok(Arc::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?,
+    ))
+}
+
+/// The CDC sink as a blocking [`Sink`], with the runtime its connection lives on.
+struct RtSink {
+    sink: BlockingSink<CdcSink>,
+    _rt: Arc<tokio::runtime::Runtime>,
+}
+
+impl Sink for RtSink {
+    fn deliver(&mut self, epoch: &walsink::Epoch) -> Result<(), walsink::SinkError> {
+        self.sink.deliver(epoch)
+    }
+    fn stores_marker(&self) -> bool {
+        true
+    }
+    fn is_committed(&mut self, key: &walsink::EpochKey) -> Result<bool, walsink::SinkError> {
+        self.sink.is_committed(key)
+    }
+}
+
+/// `--sink` as a [`Target`] for `pipe`'s machinery.
+struct CdcTarget {
+    config: Config,
+    rt: Arc<tokio::runtime::Runtime>,
+}
+
+impl CdcTarget {
+    fn connect(&self) -> CliResult<CdcSink> {
+        self.rt
+            .block_on(CdcSink::connect(self.config.clone()))
+            .map_err(|e| format!("cannot use the target {}: {e}", self.config).into())
+    }
+}
+
+impl Target for CdcTarget {
+    fn shown(&self) -> String {
+        self.config.to_string()
+    }
+
+    fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
+        let sink = self.connect()?;
+        Ok(Box::new(RtSink {
+            sink: BlockingSink::with_handle(sink, self.rt.handle().clone()),
+            _rt: self.rt.clone(),
+        }))
+    }
+
+    fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
+        let mut sink = self.connect()?;
+        let c = self
+            .rt
+            .block_on(sink.committed(sink_id, subtask))
+            .map_err(|e| format!("cannot read the commit markers of {}: {e}", self.config))?;
+        Ok(Some(c))
+    }
+}
+
+fn check_event(line: &[u8]) -> Result<(), String> {
+    walsink_cdc::event::parse(line, &walsink_cdc::PositionField::default())
+        .map(|_| ())
+        .map_err(|e| format!("not a Debezium event: {e}"))
+}
+
+/// Runs `walsink cdc`.
+pub fn run(args: CdcArgs) -> CliResult<ExitCode> {
+    let config = Config::from_url(&args.sink).map_err(|e| format!("--sink: {e}"))?;
+    let rt = runtime()?;
+    match (&args.input, &args.source) {
+        (Some(input), None) => {
+            let target = CdcTarget { config, rt };
+            let pipe = PipeArgs {
+                input: input.clone(),
+                wal: args.wal.clone(),
+                sink: args.sink.clone(),
+                checkpoint_every: args.checkpoint_every,
+                checkpoint_interval: args.follow.then_some(Duration::from_secs(2)),
+                sink_id: args.sink_id.clone(),
+                follow: args.follow,
+                ship_final_line: false,
+                max_record_bytes: 16 << 20,
+                max_backlog_bytes: None,
+                max_retries: args.max_retries,
+                retry_deadline: args.retry_deadline,
+                json: false,
+                quiet: args.quiet,
+            };
+            let position = config_position(&target.config);
+            let hooks = crate::pipe::Hooks {
+                target: Some(Box::new(target)),
+                check_line: Some(if position { check_event } else { check_any }),
+            };
+            crate::pipe::run_with(pipe, hooks)
+        }
+        (None, Some(source)) => run_source(&args, source, config, rt),
+        _ => Err("give --input FILE or --source URL".into()),
+    }
+}
+
+/// Whether the sink reads positions from the default field (lines are then checked fully).
+fn config_position(c: &Config) -> bool {
+    c.position == walsink_cdc::PositionField::default()
+}
+
+fn check_any(line: &[u8]) -> Result<(), String> {
+    // A custom position field: the shape is checked at apply time with the sink's settings.
+    serde_json::from_slice::<serde_json::Value>(line)
+        .map(|_| ())
+        .or_else(|e| {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                Ok(())
+            } else {
+                Err(format!("not JSON: {e}"))
+            }
+        })
+}
+
+/// The metadata of a `cdc --source` checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CdcMeta {
+    v: u32,
+    /// Random id of the log.
+    log: String,
+    /// Where the source stands.
+    pos: SourcePos,
+}
+
+impl CdcMeta {
+    fn decode(b: &[u8]) -> Option<CdcMeta> {
+        serde_json::from_slice(b).ok()
+    }
+}
+
+fn new_log_id() -> String {
+    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+}
+
+fn run_source(
+    args: &CdcArgs,
+    source: &str,
+    config: Config,
+    rt: Arc<tokio::runtime::Runtime>,
+) -> CliResult<ExitCode> {
+    let scfg = SourceConfig::from_url(source).map_err(|e| format!("--source: {e}"))?;
+    walsink::validate_sink_id(&args.sink_id).map_err(|e| format!("--sink-id: {e}"))?;
+    check_log_dir(&args.wal)?;
+    let notice = |s: String| {
+        if !args.quiet {
+            eprintln!("{s}");
+        }
+    };
+    let target_shown = config.to_string();
+    let mut capture = rt
+        .block_on(Capture::connect(scfg.clone()))
+        .map_err(|e| format!("--source: {e}"))?;
+    let mut sink = rt
+        .block_on(CdcSink::connect(config.clone()))
+        .map_err(|e| format!("cannot use the target {target_shown}: {e}"))?;
+    let held = rt
+        .block_on(sink.committed(&args.sink_id, 0))
+        .map_err(|e| format!("cannot read the commit markers of {target_shown}: {e}"))?;
+    let (wal, report) = WalSink::open(&args.wal, Options::new(&args.sink_id))
+        .map_err(|e| format!("cannot open the log {}: {e}", args.wal.display()))?;
+    let log_meta = match &report.last_metadata {
+        Some(m) => Some(CdcMeta::decode(m).ok_or_else(|| {
+            Refused(format!(
+                "the log {} holds checkpoints that `walsink cdc --source` did not write; use a log directory of its own",
+                args.wal.display()
+            ))
+        })?),
+        None => None,
+    };
+    let target_meta = held
+        .last()
+        .map(|e| {
+            e.metadata
+                .as_deref()
+                .and_then(CdcMeta::decode)
+                .map(|m| (e.checkpoint, m))
+                .ok_or_else(|| {
+                    Refused(format!(
+                        "{target_shown} holds commits of sink id {:?} that `walsink cdc --source` did not write; use another --sink-id or schema",
+                        args.sink_id
+                    ))
+                })
+        })
+        .transpose()?;
+    if let Some((cp, tm)) = &target_meta {
+        match &log_meta {
+            Some(lm) if lm.log != tm.log => {
+                return Err(Refused(format!(
+                    "{target_shown} already holds checkpoints up to {cp} of sink id {:?} from another log (log id {}); this log {} is log id {}. Use another --sink-id or schema for this log",
+                    args.sink_id, tm.log, args.wal.display(), lm.log
+                ))
+                .into())
+            }
+            None if report.next_checkpoint_id <= *cp && report.committed.is_none() => {
+                return Err(Refused(format!(
+                    "{target_shown} already holds checkpoints up to {cp} of sink id {:?} (log id {}), and the log {} is new (was it deleted to start over?); use another --sink-id or schema",
+                    args.sink_id, tm.log, args.wal.display()
+                ))
+                .into())
+            }
+            _ => {}
+        }
+        if tm.pos.slot != scfg.slot {
+            return Err(Refused(format!(
+                "{target_shown} holds changes read from slot {:?}, not {:?}; use the same slot, or another --sink-id or schema",
+                tm.pos.slot, scfg.slot
+            ))
+            .into());
+        }
+    }
+    let log_cp = report.last_checkpoint.unwrap_or(0);
+    let (log_id, mut pos, from) = match (&target_meta, &log_meta) {
+        (Some((t, tm)), _) if *t > log_cp => (
+            tm.log.clone(),
+            Some(tm.pos.clone()),
+            format!("checkpoint {t} in the target (ahead of the log)"),
+        ),
+        (_, Some(lm)) => (
+            lm.log.clone(),
+            Some(lm.pos.clone()),
+            format!("checkpoint {log_cp} of the log"),
+        ),
+        (_, None) => (new_log_id(), None, "the start".to_string()),
+    };
+    let pos = match pos.take() {
+        Some(p) => {
+            if rt.block_on(capture.slot_position())?.is_none() {
+                return Err(Refused(format!(
+                    "replication slot {:?} is gone from the source, so the changes after {from} cannot be read; start over with a new --wal and an empty target schema",
+                    scfg.slot
+                ))
+                .into());
+            }
+            notice(format!("cdc: resuming after {from}"));
+            p
+        }
+        None => {
+            let p = rt
+                .block_on(capture.start())
+                .map_err(|e| format!("--source: {e}"))?;
+            notice(format!(
+                "cdc: slot {} consistent at {}; snapshot of {} first",
+                scfg.slot,
+                walsink_cdc::event::format_lsn(p.consistent_point),
+                plural(scfg.tables.len() as u64, "table")
+            ));
+            p
+        }
+    };
+    let ddl = rt.block_on(capture.target_ddl(&config.schema))?;
+    rt.block_on(sink.execute(&ddl))
+        .map_err(|e| format!("cannot create the replica tables in {target_shown}: {e}"))?;
+    // The target's newest commit lets the slot move up to it.
+    if let Some((_, tm)) = &target_meta {
+        if tm.pos.end_lsn > 0 {
+            rt.block_on(capture.advance(tm.pos.end_lsn))?;
+        }
+    }
+    if let Some(&last) = report.pending.last() {
+        wal.checkpoint_complete(last)?;
+    }
+    let mut next_id = report
+        .next_checkpoint_id
+        .max(report.committed.map_or(0, |c| c + 1))
+        .max(target_meta.as_ref().map_or(0, |(c, _)| c + 1))
+        .max(1);
+    let watch = Watch::default();
+    let committer = wal.spawn_committer(Watched::new(
+        RtSink {
+            sink: BlockingSink::with_handle(sink, rt.handle().clone()),
+            _rt: rt.clone(),
+        },
+        watch.clone(),
+    ))?;
+    let limits = Limits {
+        max_retries: args.max_retries,
+        deadline: Some(args.retry_deadline),
+    };
+    // The end LSN each sealed checkpoint reaches, to advance the slot once it is committed.
+    let mut ends: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut last_sealed = report.pending.last().copied();
+    let mut pos = pos;
+    let mut events = 0u64;
+    let mut stop = None;
+    let advance = |capture: &mut Capture,
+                   ends: &mut BTreeMap<u64, u64>,
+                   committed: Option<u64>|
+     -> CliResult<()> {
+        let Some(c) = committed else { return Ok(()) };
+        let upto: Vec<u64> = ends.range(..=c).map(|(k, _)| *k).collect();
+        let end = upto
+            .iter()
+            .filter_map(|k| ends.remove(k))
+            .max()
+            .unwrap_or(0);
+        if end > 0 {
+            rt.block_on(capture.advance(end))?;
+        }
+        Ok(())
+    };
+    loop {
+        let batch = rt
+            .block_on(capture.next(&pos))
+            .map_err(|e| format!("--source: {e}"))?;
+        let progressed = batch.pos != pos;
+        if progressed {
+            events += batch.events.len() as u64;
+            wal.append_batch(batch.events.iter().map(Vec::as_slice))?;
+            let meta = CdcMeta {
+                v: 1,
+                log: log_id.clone(),
+                pos: batch.pos.clone(),
+            };
+            let id = next_id;
+            next_id += 1;
+            wal.checkpoint(id, &serde_json::to_vec(&meta)?)?;
+            wal.checkpoint_complete(id)?;
+            ends.insert(id, batch.pos.end_lsn);
+            last_sealed = Some(id);
+            pos = batch.pos;
+        }
+        advance(&mut capture, &mut ends, wal.health().committed)?;
+        if let Some(s) = deliver::check(&watch, limits, &target_shown) {
+            stop = Some(s);
+            break;
+        }
+        if !progressed {
+            if !args.follow {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    if let (None, Some(last)) = (&stop, last_sealed) {
+        while !wal.wait_committed(last, Duration::from_millis(200)) {
+            if let Some(s) = deliver::check(&watch, limits, &target_shown) {
+                stop = Some(s);
+                break;
+            }
+        }
+    }
+    advance(&mut capture, &mut ends, wal.health().committed)?;
+    committer.shutdown();
+    let committed = wal.health().committed.or(report.committed);
+    let committed_text = committed.map_or("none yet".to_string(), |c| c.to_string());
+    match stop {
+        Some(Stop::GaveUp(msg)) => Err(format!(
+            "{msg}. The changes stay in the log {} (committed through checkpoint {committed_text}); fix the target and re-run the same command",
+            args.wal.display()
+        )
+        .into()),
+        _ => {
+            notice(format!(
+                "cdc: caught up with slot {} (transaction {} taken; {} read in this run, {} in all); committed through checkpoint {committed_text}",
+                scfg.slot,
+                walsink_cdc::event::format_lsn(pos.commit_lsn),
+                plural(events, "event"),
+                pos.events
+            ));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,645 @@
+//! [`CdcSink`]: applies an epoch of Debezium events to PostgreSQL in one transaction with the
+//! commit marker, under the position guard.
+//!
+//! Bookkeeping lives in the target schema beside the replica tables:
+//! - `walsink_cdc_rows (tbl, k, pos, deleted)`: for every key an event ever wrote, the rank of
+//!   that event; `deleted` marks a tombstone (the row is gone, its rank stays);
+//! - `walsink_cdc_tables (tbl, truncated_at)`: each table's truncate watermark;
+//! - `walsink_cdc_commits`: the commit marker, one row per epoch with its checkpoint metadata.
+//!
+//! A side table rather than a hidden column, so the replica tables hold exactly the source's
+//! columns (`TABLE src EXCEPT TABLE replica` compares them as they are) and a user's table
+//! needs no change. Each statement writes the side table and the replica table together in
+//! one data-modifying `WITH`, so the guard costs no extra round trip.
+
+use crate::config::{ident, Config};
+use crate::event::{self, BadEvent, Event, Op};
+use crate::plan::{Planner, Step, TableMeta};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use tokio_postgres::{Client, Statement, Transaction};
+use walsink::sinks::CommittedEpoch;
+use walsink::{Epoch, EpochKey, RecordPosition, SinkError};
+use walsink_postgres::{MarkerTable, TableName};
+use walsink_tokio::{AsyncChunks, AsyncSink};
+
+fn classify(e: tokio_postgres::Error, what: &str) -> SinkError {
+    walsink_postgres::sink_error(what, e)
+}
+
+/// Applies Debezium events to PostgreSQL, exactly once: see the crate docs.
+pub struct CdcSink {
+    config: Config,
+    marker: MarkerTable,
+    client: Option<Client>,
+    /// Table metadata, valid for this connection until a delivery fails (an `ALTER` may have
+    /// been rolled back).
+    tables: HashMap<String, TableMeta>,
+    statements: HashMap<(String, u8, Vec<String>), Statement>,
+    stats: Stats,
+}
+
+impl std::fmt::Debug for CdcSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CdcSink")
+            .field("target", &self.config.to_string())
+            .field("schema", &self.config.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a sink applied since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Epochs committed.
+    pub epochs: u64,
+    /// Events read (tombstones excluded).
+    pub events: u64,
+    /// Statements sent for changes.
+    pub statements: u64,
+}
+
+const ROWS: &str = "walsink_cdc_rows";
+const TABLES: &str = "walsink_cdc_tables";
+
+impl CdcSink {
+    /// Connects and creates the bookkeeping tables if they are missing.
+    pub async fn connect(config: Config) -> Result<CdcSink, SinkError> {
+        let marker = MarkerTable::new(
+            TableName::parse(
+                &format!(
+                    "{}.{}",
+                    config.schema,
+                    walsink_postgres::marker::DEFAULT_TABLE
+                ),
+                "schema",
+            )
+            .map_err(|e| SinkError::permanent(e.to_string()))?,
+        );
+        let mut s = CdcSink {
+            marker,
+            config,
+            client: None,
+            tables: HashMap::new(),
+            statements: HashMap::new(),
+            stats: Stats::default(),
+        };
+        s.client().await?;
+        Ok(s)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// What this sink applied so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    async fn client(&mut self) -> Result<&mut Client, SinkError> {
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            self.client = None;
+        }
+        if self.client.is_none() {
+            let target = self.config.to_string();
+            let (client, conn) = self
+                .config
+                .url
+                .client_config("walsink-cdc")
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(|e| classify(e, &format!("connect to {target}")))?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "cdc target connection ended");
+                }
+            });
+            let schema = ident(&self.config.schema);
+            let ddl = format!(
+                "CREATE SCHEMA IF NOT EXISTS {schema}; \
+                 CREATE TABLE IF NOT EXISTS {schema}.{ROWS} (tbl text NOT NULL, k text NOT NULL, pos bigint NOT NULL, \
+                   deleted boolean NOT NULL, PRIMARY KEY (tbl, k)); \
+                 CREATE TABLE IF NOT EXISTS {schema}.{TABLES} (tbl text PRIMARY KEY, truncated_at bigint NOT NULL);"
+            );
+            // Two sinks creating the tables at once can collide in the catalog; once more
+            // settles it.
+            for attempt in 0..3 {
+                let r = async {
+                    client.batch_execute(&ddl).await?;
+                    self.marker.create(&client).await
+                }
+                .await;
+                match r {
+                    Ok(()) => break,
+                    Err(e)
+                        if attempt < 2
+                            && e.code()
+                                .is_some_and(|c| c.code() == "23505" || c.code() == "42P07") => {}
+                    Err(e) => {
+                        return Err(classify(
+                            e,
+                            &format!("create the bookkeeping tables in {target}"),
+                        ))
+                    }
+                }
+            }
+            self.tables.clear();
+            self.statements.clear();
+            self.client = Some(client);
+        }
+        Ok(self.client.as_mut().expect("set above"))
+    }
+
+    /// Runs `statements` on the target in one transaction (to create the replica tables).
+    pub async fn execute(&mut self, statements: &[String]) -> Result<(), SinkError> {
+        let c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| classify(e, "begin"))?;
+        for s in statements {
+            tx.batch_execute(s)
+                .await
+                .map_err(|e| classify(e, &format!("run {s}")))?;
+        }
+        tx.commit().await.map_err(|e| classify(e, "commit"))?;
+        self.tables.clear();
+        Ok(())
+    }
+
+    /// The epochs the target holds for `(sink_id, subtask)`, oldest first, with their
+    /// checkpoint metadata (for resuming).
+    pub async fn committed(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+    ) -> Result<Vec<CommittedEpoch>, SinkError> {
+        let marker = self.marker.clone();
+        let c = self.client().await?;
+        let markers = marker
+            .committed(&*c, sink_id, subtask)
+            .await
+            .map_err(|e| classify(e, "read the commit markers"))?;
+        Ok(markers
+            .into_iter()
+            .map(|m| CommittedEpoch {
+                checkpoint: m.checkpoint,
+                file: format!("{} checkpoint {}", marker.name().plain(), m.checkpoint),
+                metadata: Some(m.metadata),
+            })
+            .collect())
+    }
+
+    async fn apply(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+        let schema = self.config.schema.clone();
+        let position = self.config.position.clone();
+        let add_missing = self.config.add_missing_columns;
+        let max_held = self.config.max_held;
+        self.client().await?;
+        let CdcSink {
+            marker,
+            client,
+            tables,
+            statements,
+            stats,
+            ..
+        } = self;
+        let client = client.as_mut().expect("connected above");
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| classify(e, "begin"))?;
+        // The marker first: it is the epoch's lock, and finding it means the epoch is in.
+        let fresh = marker
+            .write(&tx, epoch.key(), epoch.metadata(), epoch.len())
+            .await
+            .map_err(|e| classify(e, "write the commit marker"))?;
+        if !fresh {
+            return Ok(());
+        }
+        let mut planner = Planner::new();
+        let mut chunks = AsyncChunks::new(epoch);
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk
+                .map_err(|e| SinkError::retryable(format!("read the epoch: {e}")).with_source(e))?;
+            for rec in chunk.records() {
+                let Some(ev) = event::parse(&rec.data, &position).map_err(|error| {
+                    SinkError::permanent(
+                        BadEvent {
+                            checkpoint: rec.position.checkpoint,
+                            index: rec.position.index,
+                            error,
+                        }
+                        .to_string(),
+                    )
+                })?
+                else {
+                    continue;
+                };
+                stats.events += 1;
+                let meta = table_meta(&tx, tables, &schema, &ev, rec.position, add_missing).await?;
+                planner.push(&ev, &meta, rec.position).map_err(|e| {
+                    SinkError::permanent(format!(
+                        "event at checkpoint {}, index {} (source position {}): {e}",
+                        rec.position.checkpoint, rec.position.index, ev.position
+                    ))
+                })?;
+                if planner.held() >= max_held {
+                    run(&tx, statements, tables, &schema, planner.drain(), stats).await?;
+                }
+            }
+        }
+        run(&tx, statements, tables, &schema, planner.drain(), stats).await?;
+        tx.commit().await.map_err(|e| classify(e, "commit"))?;
+        stats.epochs += 1;
+        Ok(())
+    }
+}
+
+impl AsyncSink for CdcSink {
+    async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+        let r = self.apply(epoch).await;
+        if r.is_err() {
+            // The transaction rolled back: forget what it may have changed in the catalog.
+            self.tables.clear();
+            self.statements.clear();
+        }
+        r
+    }
+
+    fn stores_marker(&self) -> bool {
+        true
+    }
+
+    async fn is_committed(&mut self, key: &EpochKey) -> Result<bool, SinkError> {
+        let marker = self.marker.clone();
+        let c = self.client().await?;
+        marker
+            .is_committed(&*c, key)
+            .await
+            .map_err(|e| classify(e, "read the commit marker"))
+    }
+}
+
+fn where_(ev: &Event, at: RecordPosition) -> String {
+    format!(
+        "event at checkpoint {}, index {} (op {}, source position {})",
+        at.checkpoint, at.index, ev.op, ev.position
+    )
+}
+
+/// The target table's metadata for `ev`, loading it (and adding missing columns when allowed).
+async fn table_meta(
+    tx: &Transaction<'_>,
+    tables: &mut HashMap<String, TableMeta>,
+    schema: &str,
+    ev: &Event,
+    at: RecordPosition,
+    add_missing: bool,
+) -> Result<TableMeta, SinkError> {
+    let qualified = format!("{}.{}", ident(schema), ident(&ev.table));
+    if !tables.contains_key(&ev.table) {
+        let meta = load_meta(tx, schema, &ev.table).await?.ok_or_else(|| {
+            SinkError::permanent(format!(
+                "table {qualified} does not exist in the target ({}); create it with the source's columns and primary key",
+                where_(ev, at)
+            ))
+        })?;
+        if meta.key.is_empty() {
+            return Err(SinkError::permanent(format!(
+                "table {qualified} has no primary key ({}); changes are applied by primary key",
+                where_(ev, at)
+            )));
+        }
+        tables.insert(ev.table.clone(), meta);
+    }
+    let meta = &tables[&ev.table];
+    let image = match ev.op {
+        Op::Delete => ev.before.as_ref(),
+        Op::Truncate => None,
+        _ => ev.after.as_ref(),
+    };
+    let missing: Vec<String> = image
+        .map(|r| meta.missing(r).into_iter().map(str::to_string).collect())
+        .unwrap_or_default();
+    if missing.is_empty() {
+        return Ok(meta.clone());
+    }
+    if !add_missing {
+        return Err(SinkError::permanent(format!(
+            "table {qualified} has no column {:?} ({}); add the column, or set add_missing_columns=true on the sink",
+            missing[0],
+            where_(ev, at)
+        )));
+    }
+    let row = image.expect("missing columns come from an image");
+    for c in &missing {
+        let ty = sql_type(&row[c.as_str()]);
+        tx.batch_execute(&format!(
+            "ALTER TABLE {qualified} ADD COLUMN IF NOT EXISTS {} {ty}",
+            ident(c)
+        ))
+        .await
+        .map_err(|e| classify(e, &format!("add column {c:?} to {qualified}")))?;
+    }
+    let meta = load_meta(tx, schema, &ev.table)
+        .await?
+        .expect("the table was there a moment ago in this transaction");
+    tables.insert(ev.table.clone(), meta.clone());
+    Ok(meta)
+}
+
+/// The column type for a value of a column an event adds.
+fn sql_type(v: &Value) -> &'static str {
+    match v {
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "bigint",
+        Value::Number(_) => "double precision",
+        Value::Array(_) | Value::Object(_) => "jsonb",
+        Value::String(_) | Value::Null => "text",
+    }
+}
+
+async fn load_meta(
+    tx: &Transaction<'_>,
+    schema: &str,
+    table: &str,
+) -> Result<Option<TableMeta>, SinkError> {
+    let q = format!("{}.{}", ident(schema), ident(table));
+    let cols = tx
+        .query(
+            "SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = to_regclass($1) \
+             AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            &[&q],
+        )
+        .await
+        .map_err(|e| classify(e, &format!("read the columns of {q}")))?;
+    if cols.is_empty() {
+        return Ok(None);
+    }
+    let key = tx
+        .query(
+            "SELECT a.attname::text FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, n), pg_attribute a \
+             WHERE i.indrelid = to_regclass($1) AND i.indisprimary AND a.attrelid = i.indrelid AND a.attnum = k.attnum \
+             ORDER BY k.n",
+            &[&q],
+        )
+        .await
+        .map_err(|e| classify(e, &format!("read the primary key of {q}")))?;
+    Ok(Some(TableMeta {
+        name: table.to_string(),
+        columns: cols.iter().map(|r| r.get(0)).collect(),
+        key: key.iter().map(|r| r.get(0)).collect(),
+    }))
+}
+
+const UPSERT: u8 = 0;
+const DELETE: u8 = 1;
+
+/// The rows of one statement: `[{"p": rank, "r": image}, …]`.
+fn payload(rows: &[crate::plan::Change]) -> Value {
+    Value::Array(
+        rows.iter()
+            .map(|c| json!({"p": c.rank, "r": Value::Object(c.row.clone())}))
+            .collect(),
+    )
+}
+
+/// The guarded statement for one kind of step, written once per table, kind and column set.
+fn statement_sql(schema: &str, meta: &TableMeta, kind: u8, columns: &[String]) -> String {
+    let s = ident(schema);
+    let t = format!("{s}.{}", ident(&meta.name));
+    let key_row = meta
+        .key
+        .iter()
+        .map(|c| format!("r.{}", ident(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // The rows that pass the table's watermark, with their ranks and canonical keys.
+    let v = format!(
+        "v AS (SELECT r.*, (e->>'p')::bigint AS _ws_rank, ROW({key_row})::text AS _ws_key \
+         FROM jsonb_array_elements($1::jsonb) e, LATERAL jsonb_populate_record(NULL::{t}, e->'r') r \
+         WHERE (e->>'p')::bigint > coalesce((SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $2), -9223372036854775808))"
+    );
+    // The keys whose recorded rank is older: the guard, recording the new rank.
+    let deleted = if kind == DELETE { "true" } else { "false" };
+    let g = format!(
+        "g AS (INSERT INTO {s}.{ROWS} AS x (tbl, k, pos, deleted) SELECT $2, _ws_key, _ws_rank, {deleted} FROM v \
+         ON CONFLICT (tbl, k) DO UPDATE SET pos = EXCLUDED.pos, deleted = EXCLUDED.deleted WHERE x.pos < EXCLUDED.pos \
+         RETURNING k)"
+    );
+    if kind == DELETE {
+        let on = meta
+            .key
+            .iter()
+            .map(|c| format!("t.{0} = v.{0}", ident(c)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        return format!(
+            "WITH {v}, {g} DELETE FROM {t} t USING v JOIN g ON g.k = v._ws_key WHERE {on}"
+        );
+    }
+    let cols = columns
+        .iter()
+        .map(|c| ident(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let vcols = columns
+        .iter()
+        .map(|c| format!("v.{}", ident(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let keys = meta
+        .key
+        .iter()
+        .map(|c| ident(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sets: Vec<String> = columns
+        .iter()
+        .filter(|c| !meta.key.contains(c))
+        .map(|c| format!("{0} = EXCLUDED.{0}", ident(c)))
+        .collect();
+    let conflict = if sets.is_empty() {
+        "DO NOTHING".to_string()
+    } else {
+        format!("DO UPDATE SET {}", sets.join(", "))
+    };
+    format!(
+        "WITH {v}, {g} INSERT INTO {t} ({cols}) SELECT {vcols} FROM v JOIN g ON g.k = v._ws_key \
+         ON CONFLICT ({keys}) {conflict}"
+    )
+}
+
+async fn run(
+    tx: &Transaction<'_>,
+    statements: &mut HashMap<(String, u8, Vec<String>), Statement>,
+    tables: &HashMap<String, TableMeta>,
+    schema: &str,
+    steps: Vec<Step>,
+    stats: &mut Stats,
+) -> Result<(), SinkError> {
+    for step in steps {
+        stats.statements += 1;
+        match step {
+            Step::Truncate { table, rank, at } => {
+                truncate(tx, schema, &tables[&table], rank, at).await?
+            }
+            Step::Deletes { table, rows } | Step::Upserts { table, rows, .. }
+                if rows.is_empty() =>
+            {
+                let _ = table;
+            }
+            Step::Deletes { table, rows } => {
+                let meta = &tables[&table];
+                let st = prepare(tx, statements, schema, meta, DELETE, &[]).await?;
+                tx.execute(&st, &[&payload(&rows), &table])
+                    .await
+                    .map_err(|e| classify(e, &failed("delete from", schema, &table, &rows)))?;
+            }
+            Step::Upserts {
+                table,
+                columns,
+                rows,
+            } => {
+                let meta = &tables[&table];
+                let st = prepare(tx, statements, schema, meta, UPSERT, &columns).await?;
+                tx.execute(&st, &[&payload(&rows), &table])
+                    .await
+                    .map_err(|e| classify(e, &failed("upsert into", schema, &table, &rows)))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn failed(what: &str, schema: &str, table: &str, rows: &[crate::plan::Change]) -> String {
+    let first = rows.iter().map(|c| c.at).min().expect("not empty");
+    let last = rows.iter().map(|c| c.at).max().expect("not empty");
+    format!(
+        "{what} {schema}.{table} ({} rows of events from checkpoint {} index {} to checkpoint {} index {})",
+        rows.len(),
+        first.checkpoint,
+        first.index,
+        last.checkpoint,
+        last.index
+    )
+}
+
+async fn prepare(
+    tx: &Transaction<'_>,
+    statements: &mut HashMap<(String, u8, Vec<String>), Statement>,
+    schema: &str,
+    meta: &TableMeta,
+    kind: u8,
+    columns: &[String],
+) -> Result<Statement, SinkError> {
+    let key = (meta.name.clone(), kind, columns.to_vec());
+    if let Some(s) = statements.get(&key) {
+        return Ok(s.clone());
+    }
+    let sql = statement_sql(schema, meta, kind, columns);
+    let st = tx.prepare(&sql).await.map_err(|e| {
+        classify(
+            e,
+            &format!("prepare the statement for {schema}.{}", meta.name),
+        )
+    })?;
+    statements.insert(key, st.clone());
+    Ok(st)
+}
+
+/// A guarded truncate: rows written before it go, tombstones older than it are dropped, and
+/// its rank becomes the table's watermark. An older truncate (a replay) changes nothing.
+async fn truncate(
+    tx: &Transaction<'_>,
+    schema: &str,
+    meta: &TableMeta,
+    rank: i64,
+    at: RecordPosition,
+) -> Result<(), SinkError> {
+    let s = ident(schema);
+    let t = format!("{s}.{}", ident(&meta.name));
+    let ctx = format!(
+        "truncate {t} (event at checkpoint {}, index {})",
+        at.checkpoint, at.index
+    );
+    let err = |e| classify(e, &ctx);
+    let row = tx
+        .query_one(
+            &format!(
+                "SELECT coalesce((SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $1), -9223372036854775808), \
+                 coalesce((SELECT max(pos) FROM {s}.{ROWS} WHERE tbl = $1), -9223372036854775808)"
+            ),
+            &[&meta.name],
+        )
+        .await
+        .map_err(err)?;
+    let (watermark, newest): (i64, i64) = (row.get(0), row.get(1));
+    if rank <= watermark {
+        return Ok(());
+    }
+    if newest < rank {
+        tx.batch_execute(&format!("TRUNCATE {t}"))
+            .await
+            .map_err(err)?;
+    } else {
+        // Some rows are newer than the truncate (events out of source order): keep those.
+        let key_row = meta
+            .key
+            .iter()
+            .map(|c| format!("t.{}", ident(c)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        tx.execute(
+            &format!(
+                "DELETE FROM {t} t WHERE NOT EXISTS (SELECT 1 FROM {s}.{ROWS} x WHERE x.tbl = $1 \
+                 AND x.k = ROW({key_row})::text AND x.pos >= $2)"
+            ),
+            &[&meta.name, &rank],
+        )
+        .await
+        .map_err(err)?;
+    }
+    tx.execute(
+        &format!("DELETE FROM {s}.{ROWS} WHERE tbl = $1 AND pos < $2"),
+        &[&meta.name, &rank],
+    )
+    .await
+    .map_err(err)?;
+    tx.execute(
+        &format!(
+            "INSERT INTO {s}.{TABLES} (tbl, truncated_at) VALUES ($1, $2) \
+             ON CONFLICT (tbl) DO UPDATE SET truncated_at = EXCLUDED.truncated_at"
+        ),
+        &[&meta.name, &rank],
+    )
+    .await
+    .map_err(err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_read_as_intended() {
+        let meta = TableMeta {
+            name: "items".into(),
+            columns: vec!["id".into(), "name".into()],
+            key: vec!["id".into()],
+        };
+        let up = statement_sql("r", &meta, UPSERT, &["id".into(), "name".into()]);
+        assert!(
+            up.contains("ON CONFLICT (\"id\") DO UPDATE SET \"name\" = EXCLUDED.\"name\""),
+            "{up}"
+        );
+        assert!(up.contains("WHERE x.pos < EXCLUDED.pos"), "{up}");
+        let only_key = statement_sql("r", &meta, UPSERT, &["id".into()]);
+        assert!(only_key.ends_with("DO NOTHING"), "{only_key}");
+        let del = statement_sql("r", &meta, DELETE, &[]);
+        assert!(del.contains("DELETE FROM \"r\".\"items\" t"), "{del}");
+        assert_eq!(sql_type(&json!(1)), "bigint");
+        assert_eq!(sql_type(&json!("x")), "text");
+    }
+}

@@ -1,0 +1,733 @@
+//! The PostgreSQL logical-decoding source: a snapshot of the tables first (`op: r`), then
+//! the changes of a replication slot read with pgoutput through SQL functions, as Debezium
+//! events. A resettable source: where it stands ([`SourcePos`]) goes into each checkpoint's
+//! metadata, and the slot is advanced only to a position whose epoch the target committed.
+//!
+//! # No gap, and an overlap made harmless
+//! [`Capture::start`] creates the publication, then the slot: `pg_create_logical_replication_slot`
+//! returns once the slot is consistent at LSN `C`, and every transaction committing after
+//! `C` will be decoded. The snapshot is read after that, page by page in primary-key order,
+//! each page in a snapshot of its own, so every transaction that committed before a page was
+//! read is in it. So no change is missed: it committed either before `C` (then before every
+//! page: in the snapshot) or after (then in the stream). A change that committed after `C`
+//! but before a page was read is in both; that overlap is harmless because a snapshot read
+//! ranks below every streamed change ([`Event::rank`](crate::Event::rank)): the streamed
+//! change is applied over the snapshot row whatever order they arrive in, and a snapshot row
+//! never overwrites a row a streamed change wrote. A page resumes after a crash from the last
+//! key of the previous page, which is in the checkpoint metadata.
+//!
+//! # The slot moves only behind the target
+//! Reading peeks (`pg_logical_slot_peek_binary_changes`), which does not move the slot; the
+//! reader skips transactions already taken (commit LSN at or below [`SourcePos::commit_lsn`]).
+//! [`Capture::advance`] moves the slot to the end of the last transaction of an epoch the
+//! target committed (`pg_replication_slot_advance`), so the slot never passes a change the
+//! target does not hold, and the server keeps the WAL of every change not yet committed.
+
+use crate::config::{ident, PgUrl};
+use crate::event::{format_lsn, to_json as event_json, Event, Op, Row};
+use crate::pgoutput::{self, Message, Relation};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use tokio_postgres::Client;
+
+/// What went wrong with the source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaptureError {
+    /// A bad `--source` URL or setting; the message names it.
+    #[error("{0}")]
+    Config(String),
+    /// The server refused or the connection failed.
+    #[error("{what}: {source}")]
+    Server {
+        /// What was being done.
+        what: String,
+        /// The client's error (SQLSTATE and message).
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The source is not in a state this capture can continue from.
+    #[error("{0}")]
+    State(String),
+    /// A change could not be decoded.
+    #[error("change at LSN {lsn}: {error}")]
+    Decode {
+        /// The change's LSN.
+        lsn: String,
+        /// What is wrong.
+        error: String,
+    },
+}
+
+fn server(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> CaptureError {
+    let what = what.into();
+    move |source| CaptureError::Server { what, source }
+}
+
+/// A source table, `table` (schema `public`) or `schema.table`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableRef {
+    /// Schema.
+    pub schema: String,
+    /// Table name.
+    pub name: String,
+}
+
+impl TableRef {
+    fn qualified(&self) -> String {
+        format!("{}.{}", ident(&self.schema), ident(&self.name))
+    }
+}
+
+/// The source's configuration, from `postgres://USER@HOST:PORT/DB?slot=NAME&tables=a,b`.
+///
+/// Parameters: `slot` (replication slot, required), `tables` (comma-separated, required),
+/// `publication` (default: the slot's name), `snapshot_rows` (rows per snapshot page, default
+/// 5000), `read_changes` (changes per read, default 20000), `drop_slot_on_new` (drop a slot of
+/// that name that no checkpoint knows instead of refusing, default false).
+#[derive(Debug, Clone)]
+pub struct SourceConfig {
+    /// The connection (password never shown).
+    pub url: PgUrl,
+    /// Slot name.
+    pub slot: String,
+    /// Publication name.
+    pub publication: String,
+    /// Tables captured, in snapshot order.
+    pub tables: Vec<TableRef>,
+    /// Rows per snapshot page.
+    pub snapshot_rows: i64,
+    /// Changes per read.
+    pub read_changes: i64,
+}
+
+fn name_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && !s.as_bytes()[0].is_ascii_digit()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+impl SourceConfig {
+    /// Parses the `--source` URL; errors name the parameter.
+    pub fn from_url(url: &str) -> Result<SourceConfig, CaptureError> {
+        let url = PgUrl::parse(url).map_err(CaptureError::Config)?;
+        let (mut slot, mut publication, mut tables) = (None, None, Vec::new());
+        let (mut snapshot_rows, mut read_changes) = (5000, 20_000);
+        let count = |k: &str, v: &str| {
+            v.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                CaptureError::Config(format!("parameter {k}={v:?}: expected a positive count"))
+            })
+        };
+        for (k, v) in &url.params {
+            match k.as_str() {
+                "slot" | "publication" => {
+                    if !name_ok(v) {
+                        return Err(CaptureError::Config(format!(
+                            "parameter {k}={v:?}: expected 1 to 63 lower-case letters, digits or _, not starting with a digit"
+                        )));
+                    }
+                    if k == "slot" {
+                        slot = Some(v.clone())
+                    } else {
+                        publication = Some(v.clone())
+                    }
+                }
+                "tables" => {
+                    for t in v.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+                        let (schema, name) = t.split_once('.').unwrap_or(("public", t));
+                        if !name_ok(schema) || !name_ok(name) {
+                            return Err(CaptureError::Config(format!(
+                                "parameter tables: {t:?} is not `table` or `schema.table` of lower-case letters, digits or _"
+                            )));
+                        }
+                        tables.push(TableRef {
+                            schema: schema.into(),
+                            name: name.into(),
+                        });
+                    }
+                }
+                "snapshot_rows" => snapshot_rows = count(k, v)?,
+                "read_changes" => read_changes = count(k, v)?,
+                _ => {
+                    return Err(CaptureError::Config(format!(
+                        "unknown parameter {k:?} (known: slot, tables, publication, snapshot_rows, read_changes)"
+                    )))
+                }
+            }
+        }
+        let slot = slot.ok_or_else(|| {
+            CaptureError::Config(
+                "--source needs slot=NAME (a logical replication slot, created if missing)".into(),
+            )
+        })?;
+        if tables.is_empty() {
+            return Err(CaptureError::Config(
+                "--source needs tables=a,b (the tables to capture)".into(),
+            ));
+        }
+        let mut names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+        names.sort();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(CaptureError::Config(
+                "parameter tables: two tables of the same name (the target schema holds one of each)".into(),
+            ));
+        }
+        Ok(SourceConfig {
+            publication: publication.unwrap_or_else(|| slot.clone()),
+            slot,
+            tables,
+            snapshot_rows,
+            read_changes,
+            url,
+        })
+    }
+}
+
+/// Where a snapshot stands: the table being read and the last key read in it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotPos {
+    /// Index into [`SourceConfig::tables`].
+    pub table: usize,
+    /// The key columns of the last row read (as JSON), `None` before the first page.
+    pub after: Option<Row>,
+}
+
+/// Where the source stands; kept in each checkpoint's metadata.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourcePos {
+    /// The slot.
+    pub slot: String,
+    /// The slot's consistent point: the position of snapshot reads.
+    pub consistent_point: u64,
+    /// The snapshot in progress; `None` once it is done.
+    pub snapshot: Option<SnapshotPos>,
+    /// The commit LSN of the last transaction taken from the stream (0: none yet).
+    pub commit_lsn: u64,
+    /// The end LSN of that transaction: where the slot may go once its epoch is committed.
+    pub end_lsn: u64,
+    /// Events emitted through this position.
+    pub events: u64,
+}
+
+/// A batch of events read from the source, and where the source stands after it.
+#[derive(Debug)]
+pub struct Batch {
+    /// Debezium events (JSON), one per record.
+    pub events: Vec<Vec<u8>>,
+    /// The position after these events.
+    pub pos: SourcePos,
+}
+
+/// A connection to the source.
+pub struct Capture {
+    cfg: SourceConfig,
+    client: Client,
+    relations: HashMap<u32, Relation>,
+    /// Per table: columns with types, key columns.
+    columns: HashMap<(String, String), (Vec<(String, u32)>, Vec<String>)>,
+}
+
+impl std::fmt::Debug for Capture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capture")
+            .field("source", &self.cfg.url.shown())
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Capture {
+    /// Connects to the source and reads the tables' columns and keys.
+    pub async fn connect(cfg: SourceConfig) -> Result<Capture, CaptureError> {
+        let (client, conn) = cfg
+            .url
+            .client_config("walsink-cdc-source")
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(server(format!("connect to the source {}", cfg.url.shown())))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "cdc source connection ended");
+            }
+        });
+        let mut c = Capture {
+            cfg,
+            client,
+            relations: HashMap::new(),
+            columns: HashMap::new(),
+        };
+        for t in c.cfg.tables.clone() {
+            let cols = c
+                .client
+                .query(
+                    "SELECT a.attname::text, a.atttypid::int8 FROM pg_attribute a WHERE a.attrelid = to_regclass($1) \
+                     AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+                    &[&t.qualified()],
+                )
+                .await
+                .map_err(server(format!("read the columns of {}", t.qualified())))?;
+            if cols.is_empty() {
+                return Err(CaptureError::State(format!(
+                    "source table {}.{} does not exist",
+                    t.schema, t.name
+                )));
+            }
+            let key = c
+                .client
+                .query(
+                    "SELECT a.attname::text FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, n), pg_attribute a \
+                     WHERE i.indrelid = to_regclass($1) AND i.indisprimary AND a.attrelid = i.indrelid AND a.attnum = k.attnum ORDER BY k.n",
+                    &[&t.qualified()],
+                )
+                .await
+                .map_err(server("read the primary key"))?;
+            if key.is_empty() {
+                return Err(CaptureError::State(format!(
+                    "source table {}.{} has no primary key; changes are captured and applied by primary key",
+                    t.schema, t.name
+                )));
+            }
+            c.columns.insert(
+                (t.schema.clone(), t.name.clone()),
+                (
+                    cols.iter()
+                        .map(|r| (r.get(0), r.get::<_, i64>(1) as u32))
+                        .collect(),
+                    key.iter().map(|r| r.get(0)).collect(),
+                ),
+            );
+        }
+        Ok(c)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SourceConfig {
+        &self.cfg
+    }
+
+    /// `CREATE TABLE IF NOT EXISTS` statements for the target schema, from the source
+    /// tables' columns, types, `NOT NULL`s and primary keys.
+    pub async fn target_ddl(&self, target_schema: &str) -> Result<Vec<String>, CaptureError> {
+        let mut out = Vec::new();
+        for t in &self.cfg.tables {
+            let rows = self
+                .client
+                .query(
+                    "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull FROM pg_attribute a \
+                     WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+                    &[&t.qualified()],
+                )
+                .await
+                .map_err(server("read the source's table definitions"))?;
+            let mut cols: Vec<String> = rows
+                .iter()
+                .map(|r| {
+                    let nn = if r.get::<_, bool>(2) { " NOT NULL" } else { "" };
+                    format!("{} {}{nn}", ident(r.get(0)), r.get::<_, String>(1))
+                })
+                .collect();
+            let key = &self.columns[&(t.schema.clone(), t.name.clone())].1;
+            cols.push(format!(
+                "PRIMARY KEY ({})",
+                key.iter().map(|k| ident(k)).collect::<Vec<_>>().join(", ")
+            ));
+            out.push(format!(
+                "CREATE TABLE IF NOT EXISTS {}.{} ({})",
+                ident(target_schema),
+                ident(&t.name),
+                cols.join(", ")
+            ));
+        }
+        Ok(out)
+    }
+
+    /// The slot's state: its confirmed position, or `None` when there is no such slot.
+    pub async fn slot_position(&self) -> Result<Option<u64>, CaptureError> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text, plugin::text, database::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.cfg.slot],
+            )
+            .await
+            .map_err(server("read the replication slot"))?;
+        let Some(row) = row else { return Ok(None) };
+        let plugin: Option<String> = row.get(1);
+        if plugin.as_deref() != Some("pgoutput") {
+            return Err(CaptureError::State(format!(
+                "replication slot {} uses plugin {plugin:?}, not pgoutput; use another slot name",
+                self.cfg.slot
+            )));
+        }
+        let lsn: Option<String> = row.get(0);
+        Ok(Some(
+            lsn.as_deref()
+                .and_then(crate::event::parse_lsn)
+                .unwrap_or(0),
+        ))
+    }
+
+    /// Starts a capture from nothing: creates the publication (if missing), then the slot
+    /// (if missing), and returns the position before the snapshot's first page. See the
+    /// module docs for why this order leaves no gap.
+    pub async fn start(&mut self) -> Result<SourcePos, CaptureError> {
+        let level: String = self
+            .client
+            .query_one("SHOW wal_level", &[])
+            .await
+            .map_err(server("read wal_level"))?
+            .get(0);
+        if level != "logical" {
+            return Err(CaptureError::State(format!(
+                "the source runs wal_level={level}; logical decoding needs wal_level=logical (a server restart)"
+            )));
+        }
+        let exists = self
+            .client
+            .query_opt(
+                "SELECT 1 FROM pg_publication WHERE pubname = $1",
+                &[&self.cfg.publication],
+            )
+            .await
+            .map_err(server("read the publications"))?
+            .is_some();
+        if !exists {
+            let list = self
+                .cfg
+                .tables
+                .iter()
+                .map(TableRef::qualified)
+                .collect::<Vec<_>>()
+                .join(", ");
+            self.client
+                .batch_execute(&format!(
+                    "CREATE PUBLICATION {} FOR TABLE {list}",
+                    ident(&self.cfg.publication)
+                ))
+                .await
+                .map_err(server("create the publication"))?;
+        }
+        let c = match self.slot_position().await? {
+            Some(c) => c,
+            None => {
+                let row = self
+                    .client
+                    .query_one(
+                        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                        &[&self.cfg.slot],
+                    )
+                    .await
+                    .map_err(server("create the replication slot"))?;
+                let lsn: String = row.get(0);
+                crate::event::parse_lsn(&lsn).unwrap_or(0)
+            }
+        };
+        Ok(SourcePos {
+            slot: self.cfg.slot.clone(),
+            consistent_point: c,
+            snapshot: Some(SnapshotPos {
+                table: 0,
+                after: None,
+            }),
+            commit_lsn: 0,
+            end_lsn: 0,
+            events: 0,
+        })
+    }
+
+    /// Reads the next snapshot page (`op: r` events) after `pos`, or the stream's next
+    /// transactions once the snapshot is done.
+    pub async fn next(&mut self, pos: &SourcePos) -> Result<Batch, CaptureError> {
+        match &pos.snapshot {
+            Some(s) => self.snapshot_page(pos, s.clone()).await,
+            None => self.changes(pos).await,
+        }
+    }
+
+    async fn snapshot_page(
+        &mut self,
+        pos: &SourcePos,
+        s: SnapshotPos,
+    ) -> Result<Batch, CaptureError> {
+        let mut next = pos.clone();
+        let Some(t) = self.cfg.tables.get(s.table).cloned() else {
+            next.snapshot = None;
+            return Ok(Batch {
+                events: Vec::new(),
+                pos: next,
+            });
+        };
+        let (cols, key) = self.columns[&(t.schema.clone(), t.name.clone())].clone();
+        let q = t.qualified();
+        let texts = cols
+            .iter()
+            .map(|(c, _)| format!("t.{}::text", ident(c)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let keys = key
+            .iter()
+            .map(|k| format!("t.{}", ident(k)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let lim = self.cfg.snapshot_rows;
+        let rows = match &s.after {
+            None => {
+                self.client
+                    .query(
+                        &format!("SELECT ARRAY[{texts}] FROM {q} t ORDER BY {keys} LIMIT {lim}"),
+                        &[],
+                    )
+                    .await
+            }
+            Some(after) => {
+                let kk = key.iter().map(|k| format!("k.{}", ident(k))).collect::<Vec<_>>().join(", ");
+                self.client
+                    .query(
+                        &format!(
+                            "SELECT ARRAY[{texts}] FROM {q} t WHERE ({keys}) > (SELECT {kk} FROM jsonb_populate_record(NULL::{q}, $1::jsonb) k) \
+                             ORDER BY {keys} LIMIT {lim}"
+                        ),
+                        &[&Value::Object(after.clone())],
+                    )
+                    .await
+            }
+        }
+        .map_err(server(format!("read the snapshot of {q}")))?;
+        let mut events = Vec::with_capacity(rows.len());
+        let mut last = None;
+        let ts = now_ms();
+        for r in &rows {
+            let vals: Vec<Option<String>> = r.get(0);
+            let mut after = Row::new();
+            for ((c, oid), v) in cols.iter().zip(vals) {
+                after.insert(
+                    c.clone(),
+                    v.map_or(Value::Null, |v| pgoutput::to_json(*oid, &v)),
+                );
+            }
+            last = Some(
+                key.iter()
+                    .map(|k| (k.clone(), after[k].clone()))
+                    .collect::<Row>(),
+            );
+            let e = Event {
+                op: Op::Read,
+                db: Some(self.cfg.url.dbname.clone()),
+                schema: Some(t.schema.clone()),
+                table: t.name.clone(),
+                position: pos.consistent_point,
+                before: None,
+                after: Some(after),
+            };
+            events.push(
+                event_json(&e, &[("snapshot", json!("true"))], ts)
+                    .to_string()
+                    .into_bytes(),
+            );
+        }
+        next.events += events.len() as u64;
+        next.snapshot = if (rows.len() as i64) < lim {
+            // This table is done: the next one, or the stream.
+            (s.table + 1 < self.cfg.tables.len()).then_some(SnapshotPos {
+                table: s.table + 1,
+                after: None,
+            })
+        } else {
+            Some(SnapshotPos {
+                table: s.table,
+                after: last,
+            })
+        };
+        Ok(Batch { events, pos: next })
+    }
+
+    /// The stream's transactions after `pos`, whole, up to about `read_changes` changes.
+    async fn changes(&mut self, pos: &SourcePos) -> Result<Batch, CaptureError> {
+        let mut limit = self.cfg.read_changes;
+        loop {
+            let rows = self
+                .client
+                .query(
+                    "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2::int4, \
+                     'proto_version', '1', 'publication_names', $3)",
+                    &[&self.cfg.slot, &(limit.min(i32::MAX as i64) as i32), &self.cfg.publication],
+                )
+                .await
+                .map_err(server(format!("read the replication slot {}", self.cfg.slot)))?;
+            let n = rows.len() as i64;
+            let batch = self.decode(pos, &rows)?;
+            // Only transactions taken already, and the read was cut by the limit: the target
+            // lags behind the reader, so read further.
+            if batch.pos.commit_lsn == pos.commit_lsn && n >= limit {
+                limit = limit.saturating_mul(2);
+                continue;
+            }
+            return Ok(batch);
+        }
+    }
+
+    fn decode(
+        &mut self,
+        pos: &SourcePos,
+        rows: &[tokio_postgres::Row],
+    ) -> Result<Batch, CaptureError> {
+        let mut next = pos.clone();
+        let mut events = Vec::new();
+        let mut txn: Option<(u64, u32, Vec<Vec<u8>>)> = None; // (commit lsn, xid, events)
+        let ts = now_ms();
+        for r in rows {
+            let lsn_text: String = r.get(0);
+            let lsn = crate::event::parse_lsn(&lsn_text).unwrap_or(0);
+            let data: Vec<u8> = r.get(1);
+            let msg = pgoutput::decode(&data).map_err(|e| CaptureError::Decode {
+                lsn: lsn_text.clone(),
+                error: e.to_string(),
+            })?;
+            let change = |rel: u32, relations: &HashMap<u32, Relation>| {
+                relations
+                    .get(&rel)
+                    .cloned()
+                    .ok_or_else(|| CaptureError::Decode {
+                        lsn: lsn_text.clone(),
+                        error: format!("change for relation {rel} before its description"),
+                    })
+            };
+            let push =
+                |txn: &mut Option<(u64, u32, Vec<Vec<u8>>)>, rel: &Relation, op, before, after| {
+                    if let Some((_, xid, evs)) = txn.as_mut() {
+                        let e = Event {
+                            op,
+                            db: Some(self.cfg.url.dbname.clone()),
+                            schema: Some(rel.schema.clone()),
+                            table: rel.name.clone(),
+                            position: lsn,
+                            before,
+                            after,
+                        };
+                        evs.push(
+                            event_json(&e, &[("txId", json!(*xid))], ts)
+                                .to_string()
+                                .into_bytes(),
+                        );
+                    }
+                };
+            match msg {
+                Message::Begin { final_lsn, xid } => {
+                    // Transactions taken already are skipped whole.
+                    txn = (final_lsn > pos.commit_lsn).then_some((final_lsn, xid, Vec::new()));
+                }
+                Message::Commit {
+                    commit_lsn,
+                    end_lsn,
+                } => {
+                    if let Some((_, _, evs)) = txn.take() {
+                        events.extend(evs);
+                        next.commit_lsn = commit_lsn;
+                        next.end_lsn = end_lsn;
+                    }
+                }
+                Message::Relation(rel) => {
+                    self.relations.insert(rel.id, rel);
+                }
+                Message::Insert { rel, new } => {
+                    let rel = change(rel, &self.relations)?;
+                    let after = pgoutput::row(&rel, &new, false);
+                    push(&mut txn, &rel, Op::Create, None, Some(after));
+                }
+                Message::Update { rel, old, new } => {
+                    let rel = change(rel, &self.relations)?;
+                    let before = old.map(|(key_only, t)| pgoutput::row(&rel, &t, key_only));
+                    let after = pgoutput::row(&rel, &new, false);
+                    push(&mut txn, &rel, Op::Update, before, Some(after));
+                }
+                Message::Delete { rel, key_only, old } => {
+                    let rel = change(rel, &self.relations)?;
+                    let before = pgoutput::row(&rel, &old, key_only);
+                    push(&mut txn, &rel, Op::Delete, Some(before), None);
+                }
+                Message::Truncate { rels } => {
+                    for id in rels {
+                        let rel = change(id, &self.relations)?;
+                        push(&mut txn, &rel, Op::Truncate, None, None);
+                    }
+                }
+                Message::Other(_) => {}
+            }
+        }
+        next.events += events.len() as u64;
+        Ok(Batch { events, pos: next })
+    }
+
+    /// Moves the slot to `end_lsn` (the end of a transaction whose epoch the target
+    /// committed), if it is not there already. The server may then recycle the WAL before it.
+    pub async fn advance(&mut self, end_lsn: u64) -> Result<(), CaptureError> {
+        let Some(at) = self.slot_position().await? else {
+            return Err(CaptureError::State(format!(
+                "replication slot {} is gone",
+                self.cfg.slot
+            )));
+        };
+        if end_lsn > at {
+            self.client
+                .query(
+                    "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
+                    &[&self.cfg.slot, &format_lsn(end_lsn)],
+                )
+                .await
+                .map_err(server(format!(
+                    "advance the replication slot {}",
+                    self.cfg.slot
+                )))?;
+        }
+        Ok(())
+    }
+
+    /// The source's current WAL position (for waiting until the stream caught up).
+    pub async fn current_lsn(&self) -> Result<u64, CaptureError> {
+        let s: String = self
+            .client
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .map_err(server("read the current WAL position"))?
+            .get(0);
+        Ok(crate::event::parse_lsn(&s).unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_urls_parse_and_name_their_faults() {
+        let c = SourceConfig::from_url("postgres://u:pw@h:5/db?slot=s1&tables=a,sales.b").unwrap();
+        assert_eq!(c.slot, "s1");
+        assert_eq!(c.publication, "s1");
+        assert_eq!(
+            c.tables[1],
+            TableRef {
+                schema: "sales".into(),
+                name: "b".into()
+            }
+        );
+        assert!(!format!("{c:?}").contains("pw"));
+        for (url, word) in [
+            ("postgres://u@h/db?tables=a", "slot"),
+            ("postgres://u@h/db?slot=s", "tables"),
+            ("postgres://u@h/db?slot=S-1&tables=a", "slot"),
+            ("postgres://u@h/db?slot=s&tables=a&x=1", "\"x\""),
+            ("postgres://u@h/db?slot=s&tables=a,x.a", "same name"),
+        ] {
+            let e = SourceConfig::from_url(url).unwrap_err().to_string();
+            assert!(e.contains(word), "{url}: {e}");
+        }
+    }
+}

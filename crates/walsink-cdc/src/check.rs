@@ -1,0 +1,68 @@
+//! Checks for tests, the demo and operators: a replica table compared with its source both
+//! ways, and what the commit markers say was applied.
+
+use crate::config::ident;
+use tokio_postgres::{Client, Error};
+
+/// A comparison of two tables of one database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Comparison {
+    /// Rows in the source.
+    pub source_rows: u64,
+    /// Rows in the replica.
+    pub replica_rows: u64,
+    /// Rows of the source the replica lacks (`source EXCEPT replica`).
+    pub missing: u64,
+    /// Rows of the replica the source lacks (`replica EXCEPT source`).
+    pub extra: u64,
+}
+
+impl Comparison {
+    /// True when the two hold the same rows.
+    pub fn identical(&self) -> bool {
+        self.missing == 0 && self.extra == 0 && self.source_rows == self.replica_rows
+    }
+}
+
+/// Compares `source` with `replica` (each `schema.table`), both ways with `EXCEPT ALL`.
+pub async fn compare(
+    c: &Client,
+    source: (&str, &str),
+    replica: (&str, &str),
+) -> Result<Comparison, Error> {
+    let a = format!("{}.{}", ident(source.0), ident(source.1));
+    let b = format!("{}.{}", ident(replica.0), ident(replica.1));
+    let row = c
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM {a}), (SELECT count(*) FROM {b}), \
+                 (SELECT count(*) FROM (TABLE {a} EXCEPT ALL TABLE {b}) x), \
+                 (SELECT count(*) FROM (TABLE {b} EXCEPT ALL TABLE {a}) y)"
+            ),
+            &[],
+        )
+        .await?;
+    let n = |i: usize| row.get::<_, i64>(i) as u64;
+    Ok(Comparison {
+        source_rows: n(0),
+        replica_rows: n(1),
+        missing: n(2),
+        extra: n(3),
+    })
+}
+
+/// The epochs committed for `sink_id` (all subtasks) and the events they held, from the
+/// marker table in `schema`.
+pub async fn applied(c: &Client, schema: &str, sink_id: &str) -> Result<(u64, u64), Error> {
+    let row = c
+        .query_one(
+            &format!(
+                "SELECT count(*), coalesce(sum(records), 0)::bigint FROM {}.{} WHERE sink_id = $1",
+                ident(schema),
+                walsink_postgres::marker::DEFAULT_TABLE
+            ),
+            &[&sink_id],
+        )
+        .await?;
+    Ok((row.get::<_, i64>(0) as u64, row.get::<_, i64>(1) as u64))
+}

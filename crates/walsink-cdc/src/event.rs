@@ -1,0 +1,549 @@
+//! Debezium change events: the model and the parser.
+//!
+//! One record of the log holds one event, as Debezium's JSON converter writes it: with the
+//! `{"schema": …, "payload": …}` wrapper (`value.converter.schemas.enable=true`) or without it.
+//! A tombstone (the JSON `null`, an empty record, or a wrapper whose payload is `null`) is
+//! accepted and carries no change.
+//!
+//! Parsing never panics: whatever the bytes, the answer is an [`Event`], a tombstone, or an
+//! [`EventError`] saying what is wrong (the caller adds where: [`BadEvent`]).
+
+use serde_json::{Map, Value};
+use std::fmt;
+
+/// What a change event does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `c`: a row was inserted; `after` is upserted.
+    Create,
+    /// `r`: a row read by a snapshot; `after` is upserted.
+    Read,
+    /// `u`: a row was updated; `after` is upserted, after deleting `before`'s key when the key
+    /// changed.
+    Update,
+    /// `d`: a row was deleted; `before`'s key is deleted.
+    Delete,
+    /// `t`: the table was truncated.
+    Truncate,
+}
+
+impl Op {
+    /// The op's letter in Debezium's `op` field.
+    pub fn letter(self) -> &'static str {
+        match self {
+            Op::Create => "c",
+            Op::Read => "r",
+            Op::Update => "u",
+            Op::Delete => "d",
+            Op::Truncate => "t",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Op> {
+        Some(match s {
+            "c" => Op::Create,
+            "r" => Op::Read,
+            "u" => Op::Update,
+            "d" => Op::Delete,
+            "t" => Op::Truncate,
+            _ => return None,
+        })
+    }
+}
+
+/// A row image (`before` or `after`): column name to JSON value.
+pub type Row = Map<String, Value>;
+
+/// One parsed change event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// What the event does.
+    pub op: Op,
+    /// `source.db`, when present.
+    pub db: Option<String>,
+    /// `source.schema`, when present (the target schema comes from the sink's configuration).
+    pub schema: Option<String>,
+    /// `source.table`: the target table's name.
+    pub table: String,
+    /// The source position (`source.lsn`, or the configured field): below 2^63.
+    pub position: u64,
+    /// The row before the change (`u` with a key change or a full replica identity, `d`).
+    pub before: Option<Row>,
+    /// The row after the change (`c`, `r`, `u`).
+    pub after: Option<Row>,
+}
+
+impl Event {
+    /// The rank that orders this event against what a row already holds: a snapshot read
+    /// (`r`) ranks below every streamed change whatever its position, streamed changes rank
+    /// by position. A row keeps the rank of the event that wrote it, and an event whose rank
+    /// is not above the row's changes nothing (see `docs/targets/cdc.md`, "The position
+    /// guard").
+    ///
+    /// Why reads rank low: a snapshot's rows carry the position of the slot's consistent
+    /// point, and a transaction that committed after that point (so is not in the snapshot)
+    /// can have changes logged before it. Ranked by position alone, its streamed update would
+    /// lose to the older snapshot row.
+    pub fn rank(&self) -> i64 {
+        // position < 2^63 (checked by the parser), so both arms stay in range and every read
+        // ranks below every streamed change.
+        let p = self.position as i64;
+        match self.op {
+            Op::Read => i64::MIN + p,
+            _ => p,
+        }
+    }
+}
+
+/// Where the source position is read from in each event: a path of object fields, by default
+/// `source.lsn`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PositionField(Vec<String>);
+
+impl PositionField {
+    /// A dotted path inside the payload, such as `source.lsn` or `source.sequence_no`.
+    pub fn new(path: &str) -> Result<Self, String> {
+        let parts: Vec<String> = path.split('.').map(str::to_string).collect();
+        if parts.iter().any(String::is_empty) {
+            return Err(format!(
+                "position field {path:?} must be a dotted path of field names, such as source.lsn"
+            ));
+        }
+        Ok(PositionField(parts))
+    }
+
+    /// The path as written.
+    pub fn path(&self) -> String {
+        self.0.join(".")
+    }
+}
+
+impl Default for PositionField {
+    fn default() -> Self {
+        PositionField(vec!["source".into(), "lsn".into()])
+    }
+}
+
+/// What is wrong with one event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EventError {
+    /// The record is not JSON.
+    #[error("not JSON: {0}")]
+    NotJson(String),
+    /// The event (or its payload) is not a JSON object.
+    #[error("the event is a JSON {0}, not an object")]
+    NotObject(&'static str),
+    /// A field the op needs is missing or null.
+    #[error("field {0} is missing")]
+    Missing(String),
+    /// A field has the wrong JSON type.
+    #[error("field {field} must be {expected}, found {found}")]
+    WrongType {
+        /// The field's path.
+        field: String,
+        /// What it must be.
+        expected: &'static str,
+        /// What it is, shortened.
+        found: String,
+    },
+    /// `op` is not one of `c`, `r`, `u`, `d`, `t`.
+    #[error("op {0:?} is not one of c, r, u, d, t")]
+    UnknownOp(String),
+    /// The position is not a number in `[0, 2^63)`, a decimal string, or an LSN `X/Y`.
+    #[error("position field {field} is {found}: expected an integer in [0, 2^63), a decimal string or an LSN such as 16/B374D848")]
+    BadPosition {
+        /// The position field's path.
+        field: String,
+        /// What it holds, shortened.
+        found: String,
+    },
+}
+
+/// An event that cannot be applied, with where it is: the log position and, when known, the
+/// source position.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("event at checkpoint {checkpoint}, index {index}: {error}")]
+pub struct BadEvent {
+    /// The checkpoint id of the epoch holding the event.
+    pub checkpoint: u64,
+    /// The index of the event in its epoch.
+    pub index: u64,
+    /// What is wrong.
+    pub error: EventError,
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn short(v: &Value) -> String {
+    let mut s = v.to_string();
+    if s.len() > 60 {
+        let mut cut = 57;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
+/// Parses a PostgreSQL LSN written `X/Y` (two hex numbers of up to 32 bits).
+pub fn parse_lsn(s: &str) -> Option<u64> {
+    let (hi, lo) = s.split_once('/')?;
+    if hi.is_empty() || lo.is_empty() || hi.len() > 8 || lo.len() > 8 {
+        return None;
+    }
+    let hi = u64::from_str_radix(hi, 16).ok()?;
+    let lo = u64::from_str_radix(lo, 16).ok()?;
+    Some((hi << 32) | lo)
+}
+
+/// Formats an LSN as PostgreSQL writes it (`16/B374D848`).
+pub fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
+}
+
+fn position(v: Option<&Value>, field: &PositionField) -> Result<u64, EventError> {
+    let bad = |found: String| EventError::BadPosition {
+        field: field.path(),
+        found,
+    };
+    let p = match v {
+        None | Some(Value::Null) => return Err(EventError::Missing(field.path())),
+        Some(Value::Number(n)) => n.as_u64().ok_or_else(|| bad(n.to_string()))?,
+        Some(Value::String(s)) => match s.parse::<u64>() {
+            Ok(p) => p,
+            Err(_) => parse_lsn(s).ok_or_else(|| bad(short(&Value::String(s.clone()))))?,
+        },
+        Some(other) => return Err(bad(short(other))),
+    };
+    if p >= 1 << 63 {
+        return Err(bad(p.to_string()));
+    }
+    Ok(p)
+}
+
+fn image(payload: &Map<String, Value>, name: &str) -> Result<Option<Row>, EventError> {
+    match payload.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m.clone())),
+        Some(other) => Err(EventError::WrongType {
+            field: name.into(),
+            expected: "an object or null",
+            found: format!("{} {}", kind(other), short(other)),
+        }),
+    }
+}
+
+fn string(map: &Map<String, Value>, field: &str, path: &str) -> Result<Option<String>, EventError> {
+    match map.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(EventError::WrongType {
+            field: path.into(),
+            expected: "a string",
+            found: format!("{} {}", kind(other), short(other)),
+        }),
+    }
+}
+
+/// Parses one record. `Ok(None)` is a tombstone.
+pub fn parse(record: &[u8], field: &PositionField) -> Result<Option<Event>, EventError> {
+    if record.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let v: Value =
+        serde_json::from_slice(record).map_err(|e| EventError::NotJson(e.to_string()))?;
+    from_value(v, field)
+}
+
+/// Interprets one JSON value as an event. `Ok(None)` is a tombstone.
+pub fn from_value(v: Value, field: &PositionField) -> Result<Option<Event>, EventError> {
+    let mut top = match v {
+        Value::Null => return Ok(None),
+        Value::Object(m) => m,
+        other => return Err(EventError::NotObject(kind(&other))),
+    };
+    // The converter's wrapper: {"schema": …, "payload": …}. An event itself never has a
+    // `payload` field, so its presence (with `schema`, or alone) means the wrapper.
+    let wrapped = top.contains_key("payload")
+        && (top.contains_key("schema") || top.len() == 1)
+        && !top.contains_key("op");
+    let payload = if wrapped {
+        match top.remove("payload") {
+            Some(Value::Null) | None => return Ok(None),
+            Some(Value::Object(m)) => m,
+            Some(other) => return Err(EventError::NotObject(kind(&other))),
+        }
+    } else {
+        top
+    };
+    let op_s = string(&payload, "op", "op")?.ok_or_else(|| EventError::Missing("op".into()))?;
+    let op = Op::parse(&op_s).ok_or(EventError::UnknownOp(op_s))?;
+    let source = match payload.get("source") {
+        Some(Value::Object(m)) => m,
+        None | Some(Value::Null) => return Err(EventError::Missing("source".into())),
+        Some(other) => {
+            return Err(EventError::WrongType {
+                field: "source".into(),
+                expected: "an object",
+                found: format!("{} {}", kind(other), short(other)),
+            })
+        }
+    };
+    let table = string(source, "table", "source.table")?
+        .ok_or_else(|| EventError::Missing("source.table".into()))?;
+    let db = string(source, "db", "source.db")?;
+    let schema = string(source, "schema", "source.schema")?;
+    // Walk the position path inside the payload.
+    let mut at: Option<&Value> = payload.get(&field.0[0]);
+    for part in &field.0[1..] {
+        at = at.and_then(|v| v.get(part));
+    }
+    let position = position(at, field)?;
+    let before = image(&payload, "before")?;
+    let after = image(&payload, "after")?;
+    match op {
+        Op::Create | Op::Read | Op::Update if after.is_none() => {
+            return Err(EventError::Missing(format!("after (op {})", op.letter())))
+        }
+        Op::Delete if before.is_none() => return Err(EventError::Missing("before (op d)".into())),
+        _ => {}
+    }
+    Ok(Some(Event {
+        op,
+        db,
+        schema,
+        table,
+        position,
+        before,
+        after,
+    }))
+}
+
+/// Writes an event as Debezium's JSON (without the schema wrapper): `before`, `after`,
+/// `source` (with `db`, `schema`, `table`, `lsn` and the given extra fields), `op`, `ts_ms`.
+pub fn to_json(e: &Event, source_extra: &[(&str, Value)], ts_ms: u64) -> Value {
+    let mut source = Map::new();
+    source.insert("connector".into(), "postgresql".into());
+    if let Some(db) = &e.db {
+        source.insert("db".into(), db.clone().into());
+    }
+    if let Some(s) = &e.schema {
+        source.insert("schema".into(), s.clone().into());
+    }
+    source.insert("table".into(), e.table.clone().into());
+    source.insert("lsn".into(), e.position.into());
+    for (k, v) in source_extra {
+        source.insert((*k).into(), v.clone());
+    }
+    let img = |r: &Option<Row>| r.clone().map_or(Value::Null, Value::Object);
+    let mut m = Map::new();
+    m.insert("before".into(), img(&e.before));
+    m.insert("after".into(), img(&e.after));
+    m.insert("source".into(), Value::Object(source));
+    m.insert("op".into(), e.op.letter().into());
+    m.insert("ts_ms".into(), ts_ms.into());
+    Value::Object(m)
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.letter())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn p(v: Value) -> Result<Option<Event>, EventError> {
+        parse(v.to_string().as_bytes(), &PositionField::default())
+    }
+
+    #[test]
+    fn every_op_and_both_envelopes() {
+        let ev = json!({"before": null, "after": {"id": 1, "name": "a"},
+            "source": {"db": "shop", "schema": "public", "table": "items", "lsn": 100},
+            "op": "c", "ts_ms": 1});
+        let e = p(ev.clone()).unwrap().unwrap();
+        assert_eq!(e.op, Op::Create);
+        assert_eq!(e.table, "items");
+        assert_eq!(e.db.as_deref(), Some("shop"));
+        assert_eq!(e.position, 100);
+        assert_eq!(e.after.as_ref().unwrap()["name"], "a");
+        let wrapped = json!({"schema": {"type": "struct"}, "payload": ev});
+        assert_eq!(p(wrapped).unwrap().unwrap(), e);
+        for (op, want) in [("r", Op::Read), ("u", Op::Update)] {
+            let ev = json!({"after": {"id": 1}, "source": {"table": "t", "lsn": 5}, "op": op});
+            assert_eq!(p(ev).unwrap().unwrap().op, want);
+        }
+        let d = json!({"before": {"id": 1}, "after": null, "source": {"table": "t", "lsn": 6}, "op": "d"});
+        assert_eq!(p(d).unwrap().unwrap().op, Op::Delete);
+        let t = json!({"source": {"table": "t", "lsn": 7}, "op": "t"});
+        assert_eq!(p(t).unwrap().unwrap().op, Op::Truncate);
+    }
+
+    #[test]
+    fn tombstones_carry_nothing() {
+        let f = PositionField::default();
+        assert_eq!(parse(b"null", &f), Ok(None));
+        assert_eq!(parse(b"", &f), Ok(None));
+        assert_eq!(parse(b"  \n", &f), Ok(None));
+        assert_eq!(p(json!({"schema": null, "payload": null})), Ok(None));
+    }
+
+    #[test]
+    fn positions_as_numbers_strings_and_lsns() {
+        let at = |lsn: Value| {
+            p(json!({"after": {"id": 1}, "source": {"table": "t", "lsn": lsn}, "op": "c"}))
+        };
+        assert_eq!(at(json!("42")).unwrap().unwrap().position, 42);
+        assert_eq!(
+            at(json!("16/B374D848")).unwrap().unwrap().position,
+            0x16_B374_D848
+        );
+        assert!(matches!(at(json!(-1)), Err(EventError::BadPosition { .. })));
+        assert!(matches!(
+            at(json!(1.5)),
+            Err(EventError::BadPosition { .. })
+        ));
+        assert!(matches!(
+            at(json!(u64::MAX)),
+            Err(EventError::BadPosition { .. })
+        ));
+        assert!(matches!(
+            at(json!("x/y")),
+            Err(EventError::BadPosition { .. })
+        ));
+        assert!(matches!(at(Value::Null), Err(EventError::Missing(_))));
+        let custom = PositionField::new("source.seq").unwrap();
+        let e = parse(
+            br#"{"after":{"id":1},"source":{"table":"t","seq":9},"op":"c"}"#,
+            &custom,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(e.position, 9);
+        assert!(PositionField::new("source..x").is_err());
+    }
+
+    #[test]
+    fn what_is_wrong_is_named() {
+        assert!(matches!(
+            parse(b"{", &PositionField::default()),
+            Err(EventError::NotJson(_))
+        ));
+        assert_eq!(p(json!([1])), Err(EventError::NotObject("array")));
+        assert_eq!(
+            p(json!({"after": {"id": 1}, "source": {"table": "t", "lsn": 1}, "op": "x"})),
+            Err(EventError::UnknownOp("x".into()))
+        );
+        assert_eq!(
+            p(json!({"after": null, "source": {"table": "t", "lsn": 1}, "op": "c"})),
+            Err(EventError::Missing("after (op c)".into()))
+        );
+        assert_eq!(
+            p(json!({"before": null, "source": {"table": "t", "lsn": 1}, "op": "d"})),
+            Err(EventError::Missing("before (op d)".into()))
+        );
+        assert_eq!(
+            p(json!({"after": {"id": 1}, "source": {"lsn": 1}, "op": "c"})),
+            Err(EventError::Missing("source.table".into()))
+        );
+        assert!(matches!(
+            p(json!({"after": [1], "source": {"table": "t", "lsn": 1}, "op": "c"})),
+            Err(EventError::WrongType { .. })
+        ));
+    }
+
+    #[test]
+    fn reads_rank_below_every_streamed_change() {
+        let ev = |op: &str, lsn: u64| {
+            p(json!({"after": {"id": 1}, "source": {"table": "t", "lsn": lsn}, "op": op}))
+                .unwrap()
+                .unwrap()
+        };
+        assert!(ev("r", (1 << 63) - 1).rank() < ev("c", 0).rank());
+        assert!(ev("r", 5).rank() < ev("r", 6).rank());
+        assert!(ev("u", 5).rank() < ev("u", 6).rank());
+    }
+
+    #[test]
+    fn written_events_read_back() {
+        let e = p(json!({"before": {"id": 1}, "after": {"id": 2, "v": [1, 2]},
+            "source": {"db": "d", "schema": "s", "table": "t", "lsn": 77}, "op": "u"}))
+        .unwrap()
+        .unwrap();
+        let back = from_value(
+            to_json(&e, &[("txId", json!(5))], 3),
+            &PositionField::default(),
+        );
+        assert_eq!(back.unwrap().unwrap(), e);
+        assert_eq!(parse_lsn(&format_lsn(0x16_B374_D848)), Some(0x16_B374_D848));
+    }
+
+    proptest::proptest! {
+        /// Arbitrary JSON and arbitrary bytes: an answer, never a panic.
+        #[test]
+        fn arbitrary_input_never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..200),
+                                         op in "[a-z]{0,2}", lsn in proptest::num::i64::ANY,
+                                         table in proptest::option::of("[a-z]{0,5}"),
+                                         img in proptest::option::of(proptest::collection::vec(("[a-z]{1,3}", proptest::num::i32::ANY), 0..4))) {
+            let _ = parse(&bytes, &PositionField::default());
+            let mut src = serde_json::Map::new();
+            if let Some(t) = table { src.insert("table".into(), t.into()); }
+            src.insert("lsn".into(), lsn.into());
+            let after = img.map_or(Value::Null, |cols| Value::Object(cols.into_iter().map(|(k, v)| (k, Value::from(v))).collect()));
+            let ev = json!({"op": op, "source": src, "after": after.clone(), "before": after});
+            let _ = parse(ev.to_string().as_bytes(), &PositionField::default());
+            let _ = parse(json!({"schema": {}, "payload": ev}).to_string().as_bytes(), &PositionField::default());
+        }
+
+        /// Any JSON value at any place of the event: an answer, never a panic.
+        #[test]
+        fn arbitrary_json_values_never_panic(v in arb_json(), at in 0usize..6) {
+            let mut ev = json!({"before": {"id": 1}, "after": {"id": 1}, "source": {"table": "t", "lsn": 1}, "op": "u"});
+            match at {
+                0 => ev["op"] = v,
+                1 => ev["source"] = v,
+                2 => ev["source"]["lsn"] = v,
+                3 => ev["after"] = v,
+                4 => ev["source"]["table"] = v,
+                _ => ev = json!({"schema": null, "payload": v}),
+            }
+            let _ = parse(ev.to_string().as_bytes(), &PositionField::default());
+        }
+    }
+
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            ".{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                proptest::collection::btree_map("[a-z]{0,4}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+}

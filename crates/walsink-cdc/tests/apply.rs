@@ -1,0 +1,418 @@
+//! The apply side against the shared PostgreSQL (127.0.0.1:5432, database `test`): every op
+//! and event shape, replays of old ranges and duplicates, key changes, delete then re-insert,
+//! truncate then replayed older inserts, missing columns, each with the table's exact
+//! contents; and the target conformance suite. Each test works in a schema of its own.
+
+use serde_json::{json, Value};
+use std::sync::Arc;
+use walsink::{MemoryCommitStore, Options, WalSink};
+use walsink_cdc::{CdcSink, Config};
+use walsink_tokio::conformance::{self, Harness};
+
+const SHARED: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+fn unique(tag: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("cdc_{tag}_{}_{:x}", std::process::id(), n & 0xffffff)
+}
+
+async fn admin() -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(SHARED, tokio_postgres::NoTls)
+        .await
+        .expect("the shared PostgreSQL at 127.0.0.1:5432 answers");
+    tokio::spawn(conn);
+    c
+}
+
+/// A schema of its own with table `t (id int primary key, v text, n int)`.
+struct Target {
+    schema: String,
+    admin: tokio_postgres::Client,
+    _dir: tempfile::TempDir,
+    wal: Arc<WalSink>,
+    next_cp: u64,
+    sink: CdcSink,
+}
+
+impl Target {
+    async fn new(tag: &str, params: &str) -> Target {
+        let schema = unique(tag);
+        let admin = admin().await;
+        admin
+            .batch_execute(&format!(
+                "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v text, n int);"
+            ))
+            .await
+            .unwrap();
+        let cfg = Config::from_url(&format!("{SHARED}?schema={schema}{params}")).unwrap();
+        let sink = CdcSink::connect(cfg).await.expect("connect");
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = WalSink::open_with(
+            Arc::new(walsink::storage::FsStorage::new(dir.path()).unwrap()),
+            Options::new(&schema),
+            Box::new(MemoryCommitStore::new()),
+        )
+        .unwrap();
+        Target {
+            schema,
+            admin,
+            _dir: dir,
+            wal: Arc::new(wal),
+            next_cp: 1,
+            sink,
+        }
+    }
+
+    /// Applies `events` as one epoch.
+    async fn epoch(&mut self, events: &[Value]) -> Result<(), walsink::Error> {
+        let recs: Vec<Vec<u8>> = events.iter().map(|e| e.to_string().into_bytes()).collect();
+        self.wal
+            .append_batch(recs.iter().map(|r| r.as_slice()))
+            .unwrap();
+        let cp = self.next_cp;
+        self.next_cp += 1;
+        self.wal.checkpoint(cp, b"meta").unwrap();
+        self.wal.checkpoint_complete(cp).unwrap();
+        walsink_tokio::deliver_ready(&self.wal, &mut self.sink)
+            .await
+            .map(|_| ())
+    }
+
+    async fn rows(&self) -> Vec<(i32, Option<String>, Option<i32>)> {
+        self.admin
+            .query(
+                &format!("SELECT id, v, n FROM {}.t ORDER BY id", self.schema),
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    }
+
+    async fn drop_schema(self) {
+        let _ = self
+            .admin
+            .batch_execute(&format!("DROP SCHEMA {} CASCADE", self.schema))
+            .await;
+    }
+}
+
+fn ev(op: &str, lsn: u64, before: Option<(i32, &str)>, after: Option<(i32, &str)>) -> Value {
+    let img = |x: Option<(i32, &str)>| {
+        x.map_or(
+            Value::Null,
+            |(id, v)| json!({"id": id, "v": v, "n": id * 10}),
+        )
+    };
+    json!({"before": img(before), "after": img(after),
+           "source": {"db": "src", "schema": "public", "table": "t", "lsn": lsn}, "op": op, "ts_ms": 0})
+}
+
+fn row(id: i32, v: &str) -> (i32, Option<String>, Option<i32>) {
+    (id, Some(v.to_string()), Some(id * 10))
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn every_op_and_event_shape() {
+    let mut t = Target::new("ops", "").await;
+    let wrapped = json!({"schema": {"type": "struct", "optional": false}, "payload": ev("c", 12, None, Some((2, "b")))});
+    t.epoch(&[
+        ev("r", 5, None, Some((1, "a"))),
+        wrapped,
+        Value::Null,                              // a tombstone
+        json!({"schema": null, "payload": null}), // a wrapped tombstone
+        ev("c", 13, None, Some((3, "c"))),
+        ev("u", 14, None, Some((1, "a2"))),
+        ev("d", 15, Some((3, "c")), None),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(t.rows().await, vec![row(1, "a2"), row(2, "b")]);
+    t.epoch(&[ev("t", 20, None, None), ev("c", 21, None, Some((9, "z")))])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await, vec![row(9, "z")]);
+    t.drop_schema().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn replayed_old_ranges_and_duplicates_change_nothing() {
+    let mut t = Target::new("replay", "").await;
+    let first = vec![
+        ev("c", 10, None, Some((1, "a"))),
+        ev("c", 11, None, Some((2, "b"))),
+        ev("u", 12, Some((1, "a")), Some((1, "a2"))),
+        ev("d", 13, Some((2, "b")), None),
+    ];
+    t.epoch(&first).await.unwrap();
+    let want = vec![row(1, "a2")];
+    assert_eq!(t.rows().await, want);
+    // The same range again (a Kafka consumer rewound), twice in one epoch, and a prefix.
+    let mut again = first.clone();
+    again.extend(first.clone());
+    t.epoch(&again).await.unwrap();
+    t.epoch(&first[..2]).await.unwrap();
+    assert_eq!(t.rows().await, want, "a replay changed the replica");
+    // Duplicates inside one epoch with newer events in between keep the newest.
+    t.epoch(&[
+        ev("u", 20, None, Some((1, "x"))),
+        ev("u", 12, None, Some((1, "old"))),
+        ev("u", 20, None, Some((1, "x"))),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(t.rows().await, vec![row(1, "x")]);
+    t.drop_schema().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn key_changes_and_delete_then_reinsert() {
+    let mut t = Target::new("keys", "").await;
+    t.epoch(&[
+        ev("c", 10, None, Some((1, "a"))),
+        ev("u", 11, Some((1, "a")), Some((5, "moved"))),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(t.rows().await, vec![row(5, "moved")]);
+    // A key change as its own epoch, then back.
+    t.epoch(&[ev("u", 12, Some((5, "moved")), Some((1, "back")))])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await, vec![row(1, "back")]);
+    // Delete then re-insert in one epoch, and across epochs.
+    t.epoch(&[
+        ev("d", 13, Some((1, "back")), None),
+        ev("c", 14, None, Some((1, "again"))),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(t.rows().await, vec![row(1, "again")]);
+    t.epoch(&[ev("d", 15, Some((1, "again")), None)])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await, vec![]);
+    // Replayed older inserts and updates cannot bring the deleted row back (tombstone).
+    t.epoch(&[
+        ev("c", 10, None, Some((1, "a"))),
+        ev("u", 12, Some((5, "moved")), Some((1, "back"))),
+        ev("c", 14, None, Some((1, "again"))),
+        ev("r", 99, None, Some((1, "snapshot"))),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(t.rows().await, vec![], "a deleted row was resurrected");
+    t.epoch(&[ev("c", 16, None, Some((1, "new")))])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await, vec![row(1, "new")]);
+    t.drop_schema().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn truncate_then_replayed_older_inserts() {
+    let mut t = Target::new("trunc", "").await;
+    t.epoch(&[
+        ev("r", 1, None, Some((1, "s1"))),
+        ev("c", 10, None, Some((2, "b"))),
+        ev("c", 11, None, Some((3, "c"))),
+    ])
+    .await
+    .unwrap();
+    t.epoch(&[ev("t", 20, None, None), ev("c", 21, None, Some((4, "d")))])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await, vec![row(4, "d")]);
+    // Everything again, from the snapshot on: only the truncate's successors survive.
+    t.epoch(&[
+        ev("r", 1, None, Some((1, "s1"))),
+        ev("c", 10, None, Some((2, "b"))),
+        ev("c", 11, None, Some((3, "c"))),
+        ev("t", 20, None, None),
+        ev("c", 21, None, Some((4, "d"))),
+        ev("t", 19, None, None), // an older truncate changes nothing either
+    ])
+    .await
+    .unwrap();
+    assert_eq!(t.rows().await, vec![row(4, "d")]);
+    t.drop_schema().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn a_missing_column_fails_closed_naming_table_column_and_position() {
+    let mut t = Target::new("cols", "").await;
+    t.epoch(&[ev("c", 10, None, Some((1, "a")))]).await.unwrap();
+    let bad = json!({"after": {"id": 2, "v": "b", "n": 20, "extra": true},
+        "source": {"table": "t", "lsn": 11}, "op": "c"});
+    let e = t
+        .epoch(&[ev("c", 12, None, Some((3, "c"))), bad.clone()])
+        .await;
+    let msg = t.wal.health().last_error.unwrap_or_default();
+    assert!(e.is_err());
+    for part in [
+        &format!("\"{}\".\"t\"", t.schema),
+        "\"extra\"",
+        "checkpoint 2, index 1",
+        "source position 11",
+    ] {
+        assert!(msg.contains(part), "{part} not in: {msg}");
+    }
+    assert_eq!(
+        t.rows().await,
+        vec![row(1, "a")],
+        "nothing of the failed epoch is applied"
+    );
+    t.drop_schema().await;
+
+    let mut t = Target::new("addcols", "&add_missing_columns=true").await;
+    t.epoch(&[bad]).await.unwrap();
+    let v: bool = t
+        .admin
+        .query_one(
+            &format!("SELECT extra FROM {}.t WHERE id = 2", t.schema),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(v);
+    t.drop_schema().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn bad_events_and_missing_tables_are_permanent_errors_naming_them() {
+    let mut t = Target::new("bad", "").await;
+    let e = t
+        .epoch(&[
+            ev("c", 1, None, Some((1, "a"))),
+            json!({"op": "c", "source": {"table": "t"}}),
+        ])
+        .await;
+    assert!(e.is_err());
+    let msg = t.wal.health().last_error.unwrap_or_default();
+    assert!(
+        msg.contains("checkpoint 1, index 1") && msg.contains("source.lsn"),
+        "{msg}"
+    );
+    let mut t2 = Target::new("notable", "").await;
+    let e = t2
+        .epoch(&[json!({"op": "c", "after": {"id": 1}, "source": {"table": "nope", "lsn": 3}})])
+        .await;
+    assert!(e.is_err());
+    let msg = t2.wal.health().last_error.unwrap_or_default();
+    assert!(
+        msg.contains("\"nope\" does not exist") && msg.contains("index 0"),
+        "{msg}"
+    );
+    t.drop_schema().await;
+    t2.drop_schema().await;
+}
+
+/// The conformance suite: each sink id gets a schema of its own with table `ev`, records are
+/// Debezium creates of id `i` at position `i + 1`, and the replica read back in key order.
+struct Conf;
+
+fn conf_schema(sink_id: &str) -> String {
+    format!("cdc_{}", sink_id.replace('-', "_"))
+}
+
+impl Harness for Conf {
+    type Sink = CdcSink;
+
+    async fn sink(&self, sink_id: &str) -> CdcSink {
+        let schema = conf_schema(sink_id);
+        admin()
+            .await
+            .batch_execute(&format!(
+                "CREATE SCHEMA IF NOT EXISTS {schema}; CREATE TABLE IF NOT EXISTS {schema}.ev (id bigint PRIMARY KEY)"
+            ))
+            .await
+            .unwrap();
+        CdcSink::connect(Config::from_url(&format!("{SHARED}?schema={schema}")).unwrap())
+            .await
+            .unwrap()
+    }
+
+    async fn read_back(&self, sink_id: &str, _subtask: u32) -> Vec<Vec<u8>> {
+        let rows = admin()
+            .await
+            .query(
+                &format!("SELECT id FROM {}.ev ORDER BY id", conf_schema(sink_id)),
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| self.record(r.get::<_, i64>(0) as u64))
+            .collect()
+    }
+
+    fn record(&self, i: u64) -> Vec<u8> {
+        json!({"op": "c", "after": {"id": i}, "source": {"table": "ev", "lsn": i + 1}})
+            .to_string()
+            .into_bytes()
+    }
+
+    fn empty_records(&self) -> bool {
+        false
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn the_cdc_sink_conforms() {
+    // Rows are keyed by the source's primary key, not by the writer, so the suite's
+    // `subtasks_stay_apart` (which reads back per subtask) does not apply: two subtasks of a
+    // CDC sink apply disjoint key ranges into one table.
+    conformance::in_order_through_the_async_committer(&Conf).await;
+    conformance::in_order_through_the_committer_thread(&Conf).await;
+    conformance::a_replay_after_a_crash_is_not_applied_twice(&Conf).await;
+    conformance::large_and_empty_epochs(&Conf).await;
+    // The suite's sink ids carry this process's id: drop their schemas.
+    let a = admin().await;
+    let pat = format!("cdc_conf_%_{}_%", std::process::id());
+    for r in a
+        .query(
+            "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE $1",
+            &[&pat],
+        )
+        .await
+        .unwrap()
+    {
+        let _ = a
+            .batch_execute(&format!("DROP SCHEMA {} CASCADE", r.get::<_, String>(0)))
+            .await;
+    }
+}

@@ -342,7 +342,10 @@ mod tests {
 
     #[test]
     fn the_marker_shares_the_data_keys_slot() {
-        assert_eq!(Config::new("orders").marker_key(0), "walsink:{orders}:committed");
+        assert_eq!(
+            Config::new("orders").marker_key(0),
+            "walsink:{orders}:committed"
+        );
         assert_eq!(
             Config::new("app:{users}:log").marker_key(0),
             "walsink:{users}:committed"

@@ -156,7 +156,11 @@ impl RedisSink {
     }
 
     /// The marker of `(sink_id, subtask)`, if the target has one.
-    pub async fn marker(&mut self, sink_id: &str, subtask: u32) -> Result<Option<Marker>, SinkError> {
+    pub async fn marker(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+    ) -> Result<Option<Marker>, SinkError> {
         let mut c = self.conn().await?;
         let key = self.config.marker_key(subtask);
         let field = script::field(sink_id, subtask);
@@ -391,4 +395,3 @@ impl AsyncSink for RedisSink {
             .is_some_and(|m| m.covers(key.checkpoint)))
     }
 }
-

@@ -8,19 +8,28 @@ use walsink_redis::Mode;
 use walsink_tokio::conformance::run_all;
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn list_mode_conforms() {
     run_all(&RedisHarness(Mode::List)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn stream_mode_conforms() {
     run_all(&RedisHarness(Mode::Stream)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn hash_mode_conforms() {
     run_all(&RedisHarness(Mode::Hash)).await;
 }

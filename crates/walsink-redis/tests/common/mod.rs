@@ -5,6 +5,9 @@
 use walsink_redis::{Config, Mode, RedisSink};
 use walsink_tokio::conformance::Harness;
 
+/// An `XRANGE` entry: its id and its fields.
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
 pub const URL: &str = "redis://127.0.0.1:6379/0";
 
 /// A plain connection to the local Redis; a server that does not answer fails the test.
@@ -40,7 +43,7 @@ pub async fn contents(c: &Config, subtask: u32) -> Vec<Vec<u8>> {
             .await
             .unwrap(),
         Mode::Stream => {
-            let entries: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+            let entries: Vec<StreamEntry> = redis::cmd("XRANGE")
                 .arg(&key)
                 .arg("-")
                 .arg("+")
@@ -107,4 +110,41 @@ impl Harness for RedisHarness {
     fn empty_records(&self) -> bool {
         self.0 != Mode::Hash
     }
+}
+
+/// A log for `sink_id` (subtask 0) in a temporary directory, with a commit store that
+/// forgets: the tests' crashes are new handles on the same directory.
+pub fn log(sink_id: &str) -> (tempfile::TempDir, std::sync::Arc<walsink::WalSink>) {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = open_log(dir.path(), sink_id);
+    (dir, wal)
+}
+
+pub fn open_log(dir: &std::path::Path, sink_id: &str) -> std::sync::Arc<walsink::WalSink> {
+    let (wal, _) = walsink::WalSink::open_with(
+        std::sync::Arc::new(walsink::storage::FsStorage::new(dir).unwrap()),
+        walsink::Options::new(sink_id).read_chunk_size(64 << 10),
+        Box::new(walsink::MemoryCommitStore::new()),
+    )
+    .unwrap();
+    std::sync::Arc::new(wal)
+}
+
+/// Appends `records` and seals them as checkpoint `cp`, complete.
+pub fn seal(wal: &walsink::WalSink, cp: u64, records: &[Vec<u8>]) {
+    wal.append_batch(records.iter().map(|r| r.as_slice()))
+        .unwrap();
+    wal.checkpoint(cp, format!("meta-{cp}").as_bytes()).unwrap();
+    wal.checkpoint_complete(cp).unwrap();
+}
+
+pub fn numbered(from: u64, to: u64) -> Vec<Vec<u8>> {
+    (from..to)
+        .map(|i| format!("rec-{i}").into_bytes())
+        .collect()
+}
+
+/// A unique sink id for one test.
+pub fn sink_id(test: &str) -> String {
+    walsink_tokio::conformance::unique_id(test)
 }

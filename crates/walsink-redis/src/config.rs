@@ -1,0 +1,359 @@
+//! [`Config`]: where and how a [`RedisSink`](crate::RedisSink) writes, parsed from the
+//! command line's `--sink` URL.
+
+use std::fmt;
+use std::time::Duration;
+
+/// How records are written to the data key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `RPUSH` each record to a list (the default).
+    List,
+    /// `XADD key * record <bytes>`: one stream entry per record, in a field named `record`.
+    Stream,
+    /// Each record is `FIELD<TAB>VALUE`, written with `HSET key FIELD VALUE` (an upsert: a
+    /// later record with the same field wins). A record without a tab is a permanent error.
+    Hash,
+}
+
+impl Mode {
+    /// The mode's name in URLs (`list`, `stream`, `hash`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::List => "list",
+            Mode::Stream => "stream",
+            Mode::Hash => "hash",
+        }
+    }
+}
+
+/// A configuration that does not parse, naming the parameter at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The URL parameter or part at fault (`key`, `mode`, `host`, …).
+    pub parameter: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "redis sink URL: {}: {}", self.parameter, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn bad(parameter: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        parameter: parameter.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Where and how a [`RedisSink`](crate::RedisSink) writes.
+///
+/// Every field has a public default through [`Config::new`]; [`Config::from_url`] parses
+/// the `--sink` URL `redis://[USER[:PASSWORD]@]HOST[:PORT][/DB]?key=NAME[&mode=…]…`.
+///
+/// `Debug` and `Display` never show the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Host name or address. Default `127.0.0.1`.
+    pub host: String,
+    /// TCP port. Default 6379.
+    pub port: u16,
+    /// Database number (`SELECT`). Default 0.
+    pub db: i64,
+    /// User name for `AUTH`, if any.
+    pub username: Option<String>,
+    /// Password for `AUTH`, if any. Never shown.
+    pub password: Option<String>,
+    /// The data key. The text `$subtask` in it is replaced by the subtask number, so
+    /// parallel subtasks can write to keys of their own. The commit marker lives in the same
+    /// hash slot (see [`Config::marker_key`]).
+    pub key: String,
+    /// How records are written. Default [`Mode::List`].
+    pub mode: Mode,
+    /// At most this many records per script call. Default 1000.
+    pub chunk_records: usize,
+    /// At most this many record bytes per script call (a larger single record goes alone).
+    /// Default 1 MiB. A script blocks the server while it runs, so chunks stay small.
+    pub chunk_bytes: usize,
+    /// Script calls of one epoch in flight at once on the connection. Default 4.
+    pub in_flight: usize,
+    /// Timeout for connecting and for each reply. Default 10 s.
+    pub timeout: Duration,
+}
+
+impl Config {
+    /// A configuration writing to `key` on `127.0.0.1:6379`, database 0, list mode.
+    pub fn new(key: impl Into<String>) -> Self {
+        Config {
+            host: "127.0.0.1".into(),
+            port: 6379,
+            db: 0,
+            username: None,
+            password: None,
+            key: key.into(),
+            mode: Mode::List,
+            chunk_records: 1000,
+            chunk_bytes: 1 << 20,
+            in_flight: 4,
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Sets the mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Parses `redis://[USER[:PASSWORD]@]HOST[:PORT][/DB]?key=NAME` with the optional
+    /// parameters `mode=list|stream|hash`, `chunk_records=N`, `chunk_bytes=B`,
+    /// `in_flight=N` and `timeout=DURATION` (`500ms`, `10s`).
+    pub fn from_url(url: &str) -> Result<Config, ConfigError> {
+        let u = url::Url::parse(url).map_err(|e| bad("URL", e.to_string()))?;
+        if u.scheme() != "redis" {
+            return Err(bad("scheme", format!("{:?} is not redis", u.scheme())));
+        }
+        let host = match u.host_str() {
+            Some(h) if !h.is_empty() => h.trim_start_matches('[').trim_end_matches(']'),
+            _ => return Err(bad("host", "missing")),
+        };
+        let mut c = Config::new(String::new());
+        c.host = host.to_string();
+        c.port = u.port().unwrap_or(6379);
+        let decode = |s: &str| {
+            url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        };
+        if !u.username().is_empty() {
+            c.username = Some(decode(u.username()));
+        }
+        c.password = u.password().map(decode);
+        let path = u.path().trim_matches('/');
+        if !path.is_empty() {
+            c.db = path
+                .parse()
+                .ok()
+                .filter(|d| *d >= 0)
+                .ok_or_else(|| bad("DB", format!("{path:?} is not a database number")))?;
+        }
+        let mut key = None;
+        for (k, v) in u.query_pairs() {
+            let num = |what: &str| -> Result<usize, ConfigError> {
+                v.parse::<usize>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| bad(what, format!("{v:?} is not a positive number")))
+            };
+            match &*k {
+                "key" => key = Some(v.into_owned()),
+                "mode" => {
+                    c.mode = match &*v {
+                        "list" => Mode::List,
+                        "stream" => Mode::Stream,
+                        "hash" => Mode::Hash,
+                        other => {
+                            return Err(bad(
+                                "mode",
+                                format!("{other:?} is not one of list, stream, hash"),
+                            ))
+                        }
+                    }
+                }
+                "chunk_records" => c.chunk_records = num("chunk_records")?,
+                "chunk_bytes" => c.chunk_bytes = num("chunk_bytes")?,
+                "in_flight" => c.in_flight = num("in_flight")?,
+                "timeout" => {
+                    c.timeout = humantime::parse_duration(&v)
+                        .ok()
+                        .filter(|d| !d.is_zero())
+                        .ok_or_else(|| {
+                            bad("timeout", format!("{v:?} is not a positive duration (10s)"))
+                        })?
+                }
+                other => {
+                    return Err(bad(
+                        other,
+                        "unknown parameter (known: key, mode, chunk_records, chunk_bytes, in_flight, timeout)",
+                    ))
+                }
+            }
+        }
+        c.key = key.ok_or_else(|| bad("key", "missing: add ?key=NAME"))?;
+        c.check()?;
+        Ok(c)
+    }
+
+    /// Checks the fields that [`Config::from_url`] checks, for a configuration built in code.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.key.is_empty() {
+            return Err(bad("key", "empty"));
+        }
+        let k = self.key_for(0);
+        if hash_tag(&k).contains(['{', '}']) {
+            return Err(bad(
+                "key",
+                format!("{:?} has braces that do not form a hash tag ({{TAG}}): the marker could not share its slot", self.key),
+            ));
+        }
+        if self.chunk_records == 0 || self.chunk_bytes == 0 || self.in_flight == 0 {
+            return Err(bad(
+                "chunk_records/chunk_bytes/in_flight",
+                "must be positive",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The data key of `subtask`.
+    pub fn key_for(&self, subtask: u32) -> String {
+        self.key.replace("$subtask", &subtask.to_string())
+    }
+
+    /// The commit-marker hash for the data key of `subtask`:
+    /// `walsink:{TAG}:committed`, where `TAG` is the data key's hash tag (or the whole key
+    /// when it has none), so marker and data share one hash slot and one script can touch
+    /// both on a cluster.
+    pub fn marker_key(&self, subtask: u32) -> String {
+        format!("walsink:{{{}}}:committed", hash_tag(&self.key_for(subtask)))
+    }
+
+    /// The URL of this configuration with the password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        let user = match (&self.username, &self.password) {
+            (Some(u), Some(_)) => format!("{u}:***@"),
+            (None, Some(_)) => ":***@".to_string(),
+            (Some(u), None) => format!("{u}@"),
+            (None, None) => String::new(),
+        };
+        format!(
+            "redis://{user}{}:{}/{}?key={}&mode={}",
+            self.host,
+            self.port,
+            self.db,
+            self.key,
+            self.mode.name()
+        )
+    }
+
+    /// The connection URL for the client library (with the password, never shown).
+    pub(crate) fn client_url(&self) -> String {
+        let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+        let user = match (&self.username, &self.password) {
+            (u, Some(p)) => format!("{}:{}@", enc(u.as_deref().unwrap_or("")), enc(p)),
+            (Some(u), None) => format!("{}@", enc(u)),
+            (None, None) => String::new(),
+        };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!("redis://{user}{host}:{}/{}", self.port, self.db)
+    }
+}
+
+/// The part of `key` Redis hashes to pick a cluster slot: the text between the first `{`
+/// and the next `}` when that is not empty, else the whole key.
+pub fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("url", &self.redacted())
+            .field("chunk_records", &self.chunk_records)
+            .field("chunk_bytes", &self.chunk_bytes)
+            .field("in_flight", &self.in_flight)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_url_parses() {
+        let c = Config::from_url(
+            "redis://bob:p%40ss@localhost:6380/3?key=orders&mode=hash&chunk_records=10&timeout=2s",
+        )
+        .unwrap();
+        assert_eq!(c.host, "localhost");
+        assert_eq!(c.port, 6380);
+        assert_eq!(c.db, 3);
+        assert_eq!(c.username.as_deref(), Some("bob"));
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.key, "orders");
+        assert_eq!(c.mode, Mode::Hash);
+        assert_eq!(c.chunk_records, 10);
+        assert_eq!(c.timeout, Duration::from_secs(2));
+        assert_eq!(c.client_url(), "redis://bob:p%40ss@localhost:6380/3");
+    }
+
+    #[test]
+    fn defaults_and_errors_name_the_parameter() {
+        let c = Config::from_url("redis://127.0.0.1/?key=k").unwrap();
+        assert_eq!((c.port, c.db, c.mode), (6379, 0, Mode::List));
+        for (url, param) in [
+            ("redis://h/", "key"),
+            ("redis://h/x?key=k", "DB"),
+            ("redis://h/?key=k&mode=set", "mode"),
+            ("redis://h/?key=k&chunk_records=0", "chunk_records"),
+            ("redis://h/?key=k&timeout=soon", "timeout"),
+            ("redis://h/?key=k&colour=red", "colour"),
+            ("redis://h/?key=a}b", "key"),
+            ("http://h/?key=k", "scheme"),
+        ] {
+            let e = Config::from_url(url).unwrap_err();
+            assert_eq!(e.parameter, param, "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let c = Config::from_url("redis://:s3cret@h:1/0?key=k").unwrap();
+        for shown in [c.to_string(), format!("{c:?}"), c.redacted()] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        assert!(c.to_string().contains(":***@"));
+    }
+
+    #[test]
+    fn the_marker_shares_the_data_keys_slot() {
+        assert_eq!(
+            Config::new("orders").marker_key(0),
+            "walsink:{orders}:committed"
+        );
+        assert_eq!(
+            Config::new("app:{users}:log").marker_key(0),
+            "walsink:{users}:committed"
+        );
+        assert_eq!(
+            Config::new("out:$subtask").marker_key(3),
+            "walsink:{out:3}:committed"
+        );
+        assert_eq!(hash_tag("a{}b"), "a{}b");
+    }
+}

@@ -1,0 +1,66 @@
+//! Redis errors classified once, here, into retryable and permanent, keeping the server's
+//! error code in the message.
+
+use walsink::SinkError;
+
+/// Server error codes that pass without an operator: the server is loading, busy with a
+/// script, failing over or short of memory for a moment.
+const TRANSIENT: &[&str] = &[
+    "LOADING",
+    "BUSY",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MASTERDOWN",
+    "READONLY",
+    "OOM",
+    "MISCONF",
+    "NOREPLICAS",
+    "NOSCRIPT",
+];
+
+/// What an operator can do about a permanent server error, by its code.
+fn advice(code: &str) -> &'static str {
+    match code {
+        "WRONGTYPE" => "; the key holds another type: delete or rename it, or point the sink at another key",
+        "NOAUTH" | "WRONGPASS" => "; check the user and password in the sink URL",
+        "NOPERM" => "; grant the user EVALSHA, SCRIPT, HGET and the mode's write command on the keys",
+        "MOVED" | "ASK" | "CROSSSLOT" => "; this is a cluster node that does not own the key's slot: connect to the node that does",
+        "WALSINK_GAP" | "WALSINK_MARKER" => "; the marker hash was changed by another program or another log under this sink id",
+        _ => "",
+    }
+}
+
+/// Classifies an error of the client library: lost connections, timeouts and the transient
+/// server codes are retryable; every other server code (`WRONGTYPE`, `NOPERM`, script
+/// errors, `WALSINK_GAP`) and bad credentials are permanent. `what` says what was being
+/// done; the server's code and message follow it.
+pub fn classify(e: &redis::RedisError, what: &str) -> SinkError {
+    let code = e.code().unwrap_or("");
+    let retryable = e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || e.is_connection_refusal()
+        || TRANSIENT.contains(&code);
+    let msg = format!("{what}: {e}{}", advice(code));
+    let err = if retryable {
+        SinkError::retryable(msg)
+    } else {
+        SinkError::permanent(msg)
+    };
+    err.with_source(e.clone())
+}
+
+/// Classifies an error reply of one command in a pipeline, as [`classify`] does.
+pub(crate) fn classify_server(e: &redis::ServerError, what: &str) -> SinkError {
+    let code = e.code();
+    let msg = format!(
+        "{what}: {code} {}{}",
+        e.details().unwrap_or(""),
+        advice(code)
+    );
+    if TRANSIENT.contains(&code) {
+        SinkError::retryable(msg)
+    } else {
+        SinkError::permanent(msg)
+    }
+}

@@ -39,6 +39,8 @@ pub enum Mode {
 /// A fault injected into one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
+    /// No fault: a place holder in a script, so a later request gets the next fault.
+    Pass,
     /// Answer this status without keeping the request.
     Status(u16),
     /// Answer this status with this `Retry-After` value, without keeping the request.
@@ -399,6 +401,9 @@ async fn die(kill: &Notify) -> Out {
 
 fn next_fault(st: &State) -> Option<Fault> {
     if let Some(f) = st.script.lock().pop_front() {
+        if f == Fault::Pass {
+            return None;
+        }
         st.seen.lock().faults += 1;
         return Some(f);
     }

@@ -1,0 +1,433 @@
+//! [`Config`]: where and how epochs are POSTed, parsed from the `--sink` URL.
+//!
+//! ```text
+//! http[s]://[USER[:PASSWORD]@]HOST[:PORT]/PATH?max_records=N&max_bytes=B&timeout=5s
+//!     &concurrency=N&gzip=true&newline=reject|escape&retries=N&retry_after_max=30s
+//!     &content_type=TYPE&bearer_env=VAR&ca_file=PATH
+//! ```
+//!
+//! The parameters are walsink's and are taken off the URL; the request goes to
+//! `http[s]://HOST[:PORT]/PATH`. An unknown parameter is an error naming it (a typo never
+//! passes silently), so the endpoint's URL cannot carry a query string of its own.
+//! Credentials never show: the [`Display`](std::fmt::Display) and `Debug` forms mask the
+//! password, and a bearer token is read from the environment variable named by
+//! `bearer_env`, never from the URL.
+
+use crate::chunking::Newline;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default [`Config::max_records`].
+pub const DEFAULT_MAX_RECORDS: usize = 1000;
+/// Default [`Config::max_bytes`]: 1 MiB.
+pub const DEFAULT_MAX_BYTES: usize = 1 << 20;
+/// Default [`Config::timeout`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default [`Config::retries`].
+pub const DEFAULT_RETRIES: u32 = 3;
+/// Default [`Config::retry_after_max`].
+pub const DEFAULT_RETRY_AFTER_MAX: Duration = Duration::from_secs(30);
+/// Default [`Config::content_type`].
+pub const DEFAULT_CONTENT_TYPE: &str = "application/x-ndjson";
+
+/// The configuration of an [`HttpSink`](crate::HttpSink).
+///
+/// The chunking fields (`max_records`, `max_bytes`, `newline`) decide the bodies sent under
+/// each `Idempotency-Key`: they must not change between a crash and the replay of the epochs
+/// it left undelivered, or a replayed key carries other records (see the crate docs).
+#[derive(Clone)]
+pub struct Config {
+    /// Where chunks are POSTed: the URL without credentials and without walsink's
+    /// parameters.
+    pub endpoint: url::Url,
+    /// HTTP basic credentials from the URL's user info (the password never shows).
+    pub basic: Option<(String, Option<String>)>,
+    /// Name of an environment variable holding a bearer token, sent as
+    /// `Authorization: Bearer TOKEN` (read when the sink is made; never shown).
+    pub bearer_env: Option<String>,
+    /// Most records in one request (default 1000).
+    pub max_records: usize,
+    /// Most body bytes in one request before compression (default 1 MiB). A single record
+    /// larger than this goes alone in a request of its own.
+    pub max_bytes: usize,
+    /// Time for one request, from connecting to the end of the response (default 30 s).
+    pub timeout: Duration,
+    /// Chunks of one epoch in flight at once (default 1: chunks arrive in order). Epochs
+    /// never overlap: the next starts after every chunk of the last was acknowledged.
+    pub concurrency: usize,
+    /// Compress each body with gzip (`Content-Encoding: gzip`; default off).
+    pub gzip: bool,
+    /// What a record holding a newline does (default [`Newline::Reject`]).
+    pub newline: Newline,
+    /// Retries of one chunk inside one delivery before the delivery fails and the committer
+    /// retries the epoch with its own backoff (default 3).
+    pub retries: u32,
+    /// The longest `Retry-After` honoured; a longer one is cut to this (default 30 s).
+    pub retry_after_max: Duration,
+    /// The `Content-Type` of each request (default `application/x-ndjson`).
+    pub content_type: String,
+    /// A PEM file of extra root certificates to trust for `https` (a private CA).
+    pub ca_file: Option<PathBuf>,
+}
+
+/// A `--sink` URL or a parameter that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The text is not a URL, or not an `http`/`https` one.
+    Url {
+        /// What is wrong, without credentials.
+        reason: String,
+    },
+    /// A parameter is unknown or its value is invalid.
+    Parameter {
+        /// The parameter's name.
+        name: String,
+        /// Why it is refused.
+        reason: String,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Url { reason } => write!(f, "bad HTTP sink URL: {reason}"),
+            ConfigError::Parameter { name, reason } => {
+                write!(f, "bad HTTP sink parameter {name:?}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn param(name: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Parameter {
+        name: name.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    /// A configuration POSTing to `endpoint` (an `http` or `https` URL without query) with
+    /// every default.
+    pub fn new(endpoint: url::Url) -> Config {
+        Config {
+            endpoint,
+            basic: None,
+            bearer_env: None,
+            max_records: DEFAULT_MAX_RECORDS,
+            max_bytes: DEFAULT_MAX_BYTES,
+            timeout: DEFAULT_TIMEOUT,
+            concurrency: 1,
+            gzip: false,
+            newline: Newline::Reject,
+            retries: DEFAULT_RETRIES,
+            retry_after_max: DEFAULT_RETRY_AFTER_MAX,
+            content_type: DEFAULT_CONTENT_TYPE.to_string(),
+            ca_file: None,
+        }
+    }
+
+    /// Parses a `--sink` URL (see the module docs). Errors name the bad parameter and never
+    /// hold the password.
+    pub fn from_url(text: &str) -> Result<Config, ConfigError> {
+        let mut url = url::Url::parse(text).map_err(|e| ConfigError::Url {
+            reason: format!("{e} (in {})", redact(text)),
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(ConfigError::Url {
+                reason: format!("scheme {:?} is not http or https", url.scheme()),
+            });
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(ConfigError::Url {
+                reason: format!("no host in {}", redact(text)),
+            });
+        }
+        let basic = (!url.username().is_empty() || url.password().is_some()).then(|| {
+            let user = percent_decode(url.username());
+            (user, url.password().map(percent_decode))
+        });
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+        url.set_query(None);
+        url.set_fragment(None);
+        let mut c = Config::new(url);
+        c.basic = basic;
+        let mut seen = std::collections::HashSet::new();
+        for (k, v) in pairs {
+            if !seen.insert(k.clone()) {
+                return Err(param(&k, "given twice"));
+            }
+            match k.as_str() {
+                "max_records" => c.max_records = positive(&k, &v)?,
+                "max_bytes" => c.max_bytes = bytes(&k, &v)?,
+                "timeout" => c.timeout = duration(&k, &v)?,
+                "concurrency" => {
+                    c.concurrency = positive(&k, &v)?;
+                    if c.concurrency > 256 {
+                        return Err(param(&k, "at most 256 chunks in flight"));
+                    }
+                }
+                "gzip" => c.gzip = boolean(&k, &v)?,
+                "newline" => {
+                    c.newline = match v.as_str() {
+                        "reject" => Newline::Reject,
+                        "escape" => Newline::Escape,
+                        _ => return Err(param(&k, format!("{v:?} is not reject or escape"))),
+                    }
+                }
+                "retries" => {
+                    c.retries = v
+                        .parse()
+                        .map_err(|_| param(&k, format!("{v:?} is not a count")))?
+                }
+                "retry_after_max" => c.retry_after_max = duration(&k, &v)?,
+                "content_type" => {
+                    if v.is_empty() || !v.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+                        return Err(param(&k, "must be printable ASCII"));
+                    }
+                    c.content_type = v;
+                }
+                "bearer_env" => {
+                    if v.is_empty() {
+                        return Err(param(&k, "names an environment variable"));
+                    }
+                    c.bearer_env = Some(v);
+                }
+                "ca_file" => c.ca_file = Some(PathBuf::from(v)),
+                "token" | "bearer" | "password" | "authorization" => {
+                    return Err(param(
+                        &k,
+                        "secrets do not go in the URL (it shows in process lists and shell history): put the token in an environment variable and name it with bearer_env=VAR",
+                    ))
+                }
+                _ => {
+                    return Err(param(
+                        &k,
+                        "unknown; the parameters are max_records, max_bytes, timeout, concurrency, gzip, newline, retries, retry_after_max, content_type, bearer_env, ca_file",
+                    ))
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    /// The chunking settings, as sent in the `Walsink-Chunk` header so a receiver can see
+    /// that they changed.
+    pub fn chunking(&self) -> crate::chunking::Chunking {
+        crate::chunking::Chunking {
+            max_records: self.max_records,
+            max_bytes: self.max_bytes,
+            newline: self.newline,
+        }
+    }
+}
+
+/// The endpoint with the user name and a masked password, for messages.
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut u = self.endpoint.clone();
+        if let Some((user, pw)) = &self.basic {
+            let _ = u.set_username(user);
+            if pw.is_some() {
+                let _ = u.set_password(Some("***"));
+            }
+        }
+        write!(f, "{u}")
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("endpoint", &self.to_string())
+            .field("bearer_env", &self.bearer_env)
+            .field("max_records", &self.max_records)
+            .field("max_bytes", &self.max_bytes)
+            .field("timeout", &self.timeout)
+            .field("concurrency", &self.concurrency)
+            .field("gzip", &self.gzip)
+            .field("newline", &self.newline)
+            .field("retries", &self.retries)
+            .field("retry_after_max", &self.retry_after_max)
+            .field("content_type", &self.content_type)
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+/// `text` with a URL password replaced by `***` (for errors about text that did not parse).
+fn redact(text: &str) -> String {
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return text.to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let pw = if userinfo.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{pw}@{host}{}", &rest[end..])
+        }
+        None => text.to_string(),
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn positive(name: &str, v: &str) -> Result<usize, ConfigError> {
+    match v.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(param(name, format!("{v:?} is not a positive number"))),
+    }
+}
+
+fn boolean(name: &str, v: &str) -> Result<bool, ConfigError> {
+    match v {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(param(name, format!("{v:?} is not true or false"))),
+    }
+}
+
+/// `5s`, `500ms`, `2m`, `1h`: a positive duration with its unit.
+fn duration(name: &str, v: &str) -> Result<Duration, ConfigError> {
+    let at = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (num, unit) = v.split_at(at);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| param(name, format!("{v:?} is not a duration such as 5s or 500ms")))?;
+    let ms = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        "" => return Err(param(name, format!("{v:?} needs a unit: ms, s, m or h"))),
+        _ => {
+            return Err(param(
+                name,
+                format!("{v:?}: unit {unit:?} is not ms, s, m or h"),
+            ))
+        }
+    };
+    match ms {
+        Some(0) => Err(param(name, "must be positive")),
+        Some(ms) if ms <= 24 * 3_600_000 => Ok(Duration::from_millis(ms)),
+        _ => Err(param(name, format!("{v:?} is longer than a day"))),
+    }
+}
+
+/// `1000`, `64KiB`, `1MiB`, `1MB`: a positive byte count, at most 1 GiB.
+fn bytes(name: &str, v: &str) -> Result<usize, ConfigError> {
+    let at = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (num, unit) = v.split_at(at);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| param(name, format!("{v:?} is not a size such as 1MiB")))?;
+    let mul: u64 = match unit {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "KB" | "kB" => 1000,
+        "MB" => 1_000_000,
+        _ => {
+            return Err(param(
+                name,
+                format!("{v:?}: unit {unit:?} is not B, KiB, MiB, kB or MB"),
+            ))
+        }
+    };
+    match n.checked_mul(mul) {
+        Some(0) => Err(param(name, "must be positive")),
+        Some(b) if b <= 1 << 30 => Ok(b as usize),
+        _ => Err(param(name, format!("{v:?} is more than 1GiB"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_parse_and_leave_the_endpoint_bare() {
+        let c = Config::from_url(
+            "https://u:p%40ss@example.test:8443/in/gest?max_records=10&max_bytes=64KiB&timeout=500ms&concurrency=4&gzip=true&newline=escape&retries=0&retry_after_max=2s&bearer_env=TOK",
+        )
+        .unwrap();
+        assert_eq!(c.endpoint.as_str(), "https://example.test:8443/in/gest");
+        assert_eq!(c.basic, Some(("u".into(), Some("p@ss".into()))));
+        assert_eq!((c.max_records, c.max_bytes), (10, 64 << 10));
+        assert_eq!(c.timeout, Duration::from_millis(500));
+        assert_eq!(
+            (c.concurrency, c.gzip, c.newline),
+            (4, true, Newline::Escape)
+        );
+        assert_eq!((c.retries, c.retry_after_max), (0, Duration::from_secs(2)));
+        assert_eq!(c.bearer_env.as_deref(), Some("TOK"));
+        let d = Config::from_url("http://h/").unwrap();
+        assert_eq!(
+            (d.max_records, d.max_bytes, d.timeout),
+            (1000, 1 << 20, DEFAULT_TIMEOUT)
+        );
+        assert_eq!(
+            (d.concurrency, d.gzip, d.newline),
+            (1, false, Newline::Reject)
+        );
+    }
+
+    #[test]
+    fn bad_parameters_are_named() {
+        for (url, name) in [
+            ("http://h/?max_record=1", "max_record"),
+            ("http://h/?max_records=0", "max_records"),
+            ("http://h/?max_bytes=2GiB", "max_bytes"),
+            ("http://h/?timeout=5", "timeout"),
+            ("http://h/?timeout=5x", "timeout"),
+            ("http://h/?gzip=maybe", "gzip"),
+            ("http://h/?newline=drop", "newline"),
+            ("http://h/?concurrency=1000", "concurrency"),
+            ("http://h/?timeout=1s&timeout=2s", "timeout"),
+            ("http://h/?token=abc", "token"),
+        ] {
+            match Config::from_url(url) {
+                Err(ConfigError::Parameter { name: n, .. }) => assert_eq!(n, name, "{url}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            Config::from_url("ftp://h/"),
+            Err(ConfigError::Url { .. })
+        ));
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let c = Config::from_url("http://alice:s3cret@h:1/p?bearer_env=T").unwrap();
+        assert_eq!(c.to_string(), "http://alice:***@h:1/p");
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let e = Config::from_url("http://alice:s3cret@h:99999/p").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        let e = Config::from_url("http://alice:s3cret@h/p?nope=1").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+}

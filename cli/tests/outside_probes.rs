@@ -79,7 +79,7 @@ fn run_with(args: &[&str], stdin: Option<&[u8]>, timeout: Duration) -> Run {
 }
 
 fn run(args: &[&str]) -> Run {
-    run_with(args, None, Duration::from_secs(30))
+    run_with(args, None, Duration::from_secs(180))
 }
 
 fn s(p: &Path) -> String {

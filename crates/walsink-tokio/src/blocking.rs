@@ -7,7 +7,10 @@ use walsink::{Epoch, EpochKey, Sink, SinkError};
 /// Wraps an [`AsyncSink`] as a blocking [`Sink`], driving its futures on a tokio runtime.
 ///
 /// The sink's calls run on the calling thread (the committer thread), which blocks on them;
-/// so it must not be a runtime worker. The runtime is either one the wrapper owns (a
+/// so it must not be a runtime worker: called from inside a runtime, `deliver` and
+/// `is_committed` fail with a permanent [`SinkError`] saying so (nothing is delivered, and
+/// the epoch stays pending). The wrapper can be created and dropped anywhere; dropping one
+/// with a runtime of its own does not wait for that runtime's tasks. The runtime is either one the wrapper owns (a
 /// current-thread runtime with I/O and timers, from [`BlockingSink::new`]) or a handle to
 /// one the program runs ([`BlockingSink::with_handle`]; the async client of the sink may
 /// then run its background tasks there).
@@ -19,8 +22,30 @@ pub struct BlockingSink<S> {
 
 #[derive(Debug)]
 enum Runtime {
-    Owned(tokio::runtime::Runtime),
+    /// Always `Some` until dropped.
+    Owned(Option<tokio::runtime::Runtime>),
     Handle(tokio::runtime::Handle),
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks on its tasks, which panics inside async code; the
+        // wrapper may be dropped there (for example when a committer refuses it).
+        if let Runtime::Owned(rt) = self {
+            if let Some(rt) = rt.take() {
+                rt.shutdown_background();
+            }
+        }
+    }
+}
+
+/// The error for a call from inside a runtime, where blocking on a future would panic.
+fn on_runtime_thread() -> SinkError {
+    SinkError::permanent(
+        "a BlockingSink was called on a tokio runtime thread, where it cannot block; deliver \
+         from a thread of its own (WalSink::spawn_committer, or deliver_ready inside \
+         spawn_blocking) or drive the AsyncSink with the async committer",
+    )
 }
 
 impl<S: AsyncSink> BlockingSink<S> {
@@ -31,7 +56,7 @@ impl<S: AsyncSink> BlockingSink<S> {
             .build()?;
         Ok(BlockingSink {
             sink,
-            rt: Runtime::Owned(rt),
+            rt: Runtime::Owned(Some(rt)),
         })
     }
 
@@ -45,12 +70,31 @@ impl<S: AsyncSink> BlockingSink<S> {
 
     /// Runs `f` on this wrapper's runtime: for setting the sink up or inspecting it
     /// (`f` gets the wrapped sink).
+    ///
+    /// # Panics
+    /// When called from inside a tokio runtime, where blocking is not allowed (tokio's own
+    /// rule); the sink methods check this and return an error instead.
     pub fn block_on<T>(&mut self, f: impl AsyncFnOnce(&mut S) -> T) -> T {
         let fut = f(&mut self.sink);
         match &self.rt {
-            Runtime::Owned(rt) => rt.block_on(fut),
+            Runtime::Owned(rt) => rt.as_ref().expect("the runtime").block_on(fut),
             Runtime::Handle(h) => h.block_on(fut),
         }
+    }
+
+    /// `block_on`, or an error when blocking would panic.
+    fn block_on_checked<T>(
+        &mut self,
+        f: impl AsyncFnOnce(&mut S) -> Result<T, SinkError>,
+    ) -> Result<T, SinkError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return self.block_on(f);
+        }
+        // Inside a runtime's context: fine on its blocking pool, a panic on a worker, where
+        // tokio refuses before the future is first polled. tokio offers no way to tell the
+        // two apart beforehand, so the refusal is caught and reported as an error.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.block_on(f)))
+            .unwrap_or_else(|_| Err(on_runtime_thread()))
     }
 
     /// The wrapped sink.
@@ -66,7 +110,7 @@ impl<S: AsyncSink> BlockingSink<S> {
 
 impl<S: AsyncSink> Sink for BlockingSink<S> {
     fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
-        self.block_on(async |s| s.deliver(epoch).await)
+        self.block_on_checked(async |s| s.deliver(epoch).await)
     }
 
     fn stores_marker(&self) -> bool {
@@ -74,6 +118,6 @@ impl<S: AsyncSink> Sink for BlockingSink<S> {
     }
 
     fn is_committed(&mut self, key: &EpochKey) -> Result<bool, SinkError> {
-        self.block_on(async |s| s.is_committed(key).await)
+        self.block_on_checked(async |s| s.is_committed(key).await)
     }
 }

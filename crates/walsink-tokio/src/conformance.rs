@@ -9,7 +9,8 @@
 //! task and the committer thread through [`BlockingSink`](crate::BlockingSink)); an epoch
 //! delivered but not marked before a crash is not applied twice (marker sinks skip it, the
 //! others are deduplicated by the target by idempotency key, which the harness's read-back
-//! applies); an epoch larger than one read chunk streams; empty epochs and empty records
+//! applies); an epoch larger than one read chunk streams; empty epochs (committed without a
+//! call to `deliver`, as with every driver) and empty records
 //! pass; subtasks of one sink id stay apart; and `is_committed` answers from the target.
 //!
 //! Run it from a multi-threaded runtime (`#[tokio::test(flavor = "multi_thread")]`): the

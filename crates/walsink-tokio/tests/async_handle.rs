@@ -290,3 +290,44 @@ async fn a_postcard_envelope_with_a_new_version_still_reads_the_old_records() {
     // A rollback reads a newer record as an error, never as something else.
     assert!(Postcard.decode::<EventV1Only>(&new).is_err());
 }
+
+#[test]
+fn a_blocking_sink_works_inside_spawn_blocking_and_refuses_on_a_worker() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (w, _) = WalSink::open(dir.path(), Options::new("inside")).unwrap();
+    let w = Arc::new(w);
+    w.append(b"a").unwrap();
+    w.checkpoint(1, b"").unwrap();
+    w.checkpoint_complete(1).unwrap();
+    let sink = Collect::default();
+    // On a worker: an error, not a panic; the epoch stays pending.
+    let (w2, s2) = (w.clone(), sink.clone());
+    let e = rt
+        .block_on(async move {
+            let mut b = walsink_tokio::BlockingSink::new(s2).unwrap();
+            w2.deliver_ready(&mut b)
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("runtime thread"), "{e}");
+    assert_eq!(w.pending().len(), 1);
+    // On the blocking pool, with the program's runtime or one of its own: delivered.
+    let (w2, s2) = (w.clone(), sink.clone());
+    let n = rt
+        .block_on(async move {
+            let h = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || {
+                let mut b = walsink_tokio::BlockingSink::with_handle(s2, h);
+                w2.deliver_ready(&mut b)
+            })
+            .await
+            .unwrap()
+        })
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(*sink.records.lock(), vec![b"a".to_vec()]);
+}

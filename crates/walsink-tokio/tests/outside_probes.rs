@@ -2610,7 +2610,6 @@ async fn blocking_sink_with_the_program_runtime_handle_from_a_committer_thread()
     assert_eq!(probe.ok_ids(), vec![1, 2, 3]);
 }
 
-#[ignore = "DEFECT: a BlockingSink driven on a runtime worker panics out of deliver_ready (tokio: cannot start a runtime from within a runtime) instead of returning an error"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocking_sink_called_on_a_runtime_worker_fails_with_an_error_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();
@@ -2650,7 +2649,6 @@ async fn a_sink_that_panics_in_deliver_ready_does_not_leave_the_log_undeliverabl
     );
 }
 
-#[ignore = "DEFECT: a BlockingSink::new dropped in async code (here: refused by spawn_committer) panics: its own runtime is dropped in an async context; undocumented"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocking_sink_refused_by_spawn_committer_in_async_code_does_not_panic() {
     let dir = tempfile::tempdir().unwrap();

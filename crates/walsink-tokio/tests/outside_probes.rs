@@ -811,7 +811,10 @@ fn wait_committed_is_woken_by_a_committer_on_the_same_current_thread_runtime() {
 
 /// Reopens `sim` after a crash and delivers everything sealed; returns the report and the
 /// delivered epochs.
-fn reopen_and_drain(sim: &SimStorage, o: Options) -> (RecoveryReport, Vec<(u64, Vec<Vec<u8>>)>) {
+/// Delivered epochs: checkpoint id and records.
+type Drained = Vec<(u64, Vec<Vec<u8>>)>;
+
+fn reopen_and_drain(sim: &SimStorage, o: Options) -> (RecoveryReport, Drained) {
     let (w, report) = WalSink::open_with_storage(Arc::new(sim.clone()), o)
         .expect("a power loss never makes the default recovery refuse the log");
     if let Some(last) = report.last_checkpoint {
@@ -2189,8 +2192,11 @@ struct Other {
 /// Collects, per record, what decoding it as `T` with codec `C` gave (inside catch_unwind).
 struct Decoding<T, C> {
     codec: C,
-    out: Arc<Mutex<Vec<std::thread::Result<Result<T, DecodeError>>>>>,
+    out: Outcomes<T>,
 }
+
+/// Per record: a panic, or what decoding gave.
+type Outcomes<T> = Arc<Mutex<Vec<std::thread::Result<Result<T, DecodeError>>>>>;
 
 impl<T: serde::de::DeserializeOwned + Send + 'static, C: Codec + Clone> AsyncSink
     for Decoding<T, C>
@@ -2933,8 +2939,7 @@ async fn opening_a_log_that_is_open_fails_with_locked_at_once() {
     let (_wal, _) = AsyncWal::open(dir.path(), opts("locked")).await.unwrap();
     let e = guard("second open", AsyncWal::open(dir.path(), opts("locked")))
         .await
-        .err()
-        .expect("a second open must fail");
+        .expect_err("a second open must fail");
     assert!(matches!(e.kind(), ErrorKind::Locked { .. }), "{e:?}");
 }
 

@@ -7,6 +7,9 @@ use crate::CliResult;
 use walsink::sinks::CommittedEpoch;
 use walsink::Sink;
 
+#[cfg(feature = "http")]
+mod http;
+
 /// A URL target of `--sink`.
 pub(crate) trait Target {
     /// The target for messages: the URL without its password.
@@ -26,13 +29,19 @@ pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {
     let (scheme, _) = spec.split_once("://")?;
     #[allow(clippy::match_single_binding)]
     match scheme {
+        #[cfg(feature = "http")]
+        "http" | "https" => Some(http::parse(spec)),
         _ => None,
     }
 }
 
 /// The URL schemes this build accepts on `--sink`, for error messages.
 pub(crate) fn schemes() -> Vec<&'static str> {
-    Vec::new()
+    #[allow(unused_mut)]
+    let mut v = Vec::new();
+    #[cfg(feature = "http")]
+    v.extend(["http", "https"]);
+    v
 }
 
 /// `url` with any password replaced by `***`, for messages and files.

@@ -7,6 +7,8 @@ use crate::CliResult;
 use walsink::sinks::CommittedEpoch;
 use walsink::Sink;
 
+#[cfg(feature = "http")]
+mod http;
 #[cfg(feature = "postgres")]
 mod postgres;
 
@@ -38,16 +40,21 @@ pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {
     match scheme {
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Some(postgres::parse(spec)),
+        #[cfg(feature = "http")]
+        "http" | "https" => Some(http::parse(spec)),
         _ => None,
     }
 }
 
 /// The URL schemes this build accepts on `--sink`, for error messages.
 pub(crate) fn schemes() -> Vec<&'static str> {
-    vec![
-        #[cfg(feature = "postgres")]
-        "postgres",
-    ]
+    #[allow(unused_mut)]
+    let mut v = Vec::new();
+    #[cfg(feature = "postgres")]
+    v.push("postgres");
+    #[cfg(feature = "http")]
+    v.extend(["http", "https"]);
+    v
 }
 
 /// `url` with any password replaced by `***`, for messages and files.

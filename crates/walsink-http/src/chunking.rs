@@ -77,6 +77,7 @@ pub struct Chunker {
     first: u64,
     next_chunk: u64,
     next_index: u64,
+    last_len: usize,
 }
 
 impl Chunker {
@@ -89,6 +90,7 @@ impl Chunker {
             first: 0,
             next_chunk: 0,
             next_index: 0,
+            last_len: 4096,
         }
     }
 
@@ -96,11 +98,11 @@ impl Chunker {
     /// in epoch order, from index 0.
     pub fn push(&mut self, record: &[u8]) -> Result<Option<Body>, NewlineInRecord> {
         let index = self.next_index;
-        let nl = memchr(record);
+        let nl = memchr::memchr(b'\n', record);
         let encoded = match (nl, self.rules.newline) {
             (Some(offset), Newline::Reject) => return Err(NewlineInRecord { index, offset }),
             (_, Newline::Escape) => {
-                record.len() + record.iter().filter(|&&b| b == b'\n' || b == b'\\').count()
+                record.len() + memchr::memchr2_iter(b'\n', b'\\', record).count()
             }
             (None, Newline::Reject) => record.len(),
         } + 1;
@@ -133,6 +135,7 @@ impl Chunker {
     }
 
     fn take(&mut self) -> Body {
+        self.last_len = self.buf.len();
         let body = Body {
             chunk: self.next_chunk,
             first: self.first,
@@ -145,18 +148,10 @@ impl Chunker {
     }
 }
 
-fn memchr(b: &[u8]) -> Option<usize> {
-    b.iter().position(|&c| c == b'\n')
-}
-
 fn escape_into(buf: &mut BytesMut, record: &[u8]) {
     let mut start = 0;
-    for (i, &b) in record.iter().enumerate() {
-        let esc: &[u8] = match b {
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            _ => continue,
-        };
+    for i in memchr::memchr2_iter(b'\n', b'\\', record) {
+        let esc: &[u8] = if record[i] == b'\n' { b"\\n" } else { b"\\\\" };
         buf.extend_from_slice(&record[start..i]);
         buf.extend_from_slice(esc);
         start = i + 1;

@@ -7,6 +7,9 @@ use crate::CliResult;
 use walsink::sinks::CommittedEpoch;
 use walsink::Sink;
 
+#[cfg(feature = "redis")]
+mod redis;
+
 /// A URL target of `--sink`.
 pub(crate) trait Target {
     /// The target for messages: the URL without its password.
@@ -26,13 +29,19 @@ pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {
     let (scheme, _) = spec.split_once("://")?;
     #[allow(clippy::match_single_binding)]
     match scheme {
+        #[cfg(feature = "redis")]
+        "redis" => Some(redis::parse(spec)),
         _ => None,
     }
 }
 
 /// The URL schemes this build accepts on `--sink`, for error messages.
 pub(crate) fn schemes() -> Vec<&'static str> {
-    Vec::new()
+    let known: &[&'static str] = &[
+        #[cfg(feature = "redis")]
+        "redis",
+    ];
+    known.to_vec()
 }
 
 /// `url` with any password replaced by `***`, for messages and files.

@@ -443,7 +443,11 @@ pub fn run(args: PipeArgs) -> CliResult<ExitCode> {
             "epochs_delivered": h.delivered_epochs,
             "records_delivered": h.delivered_records,
             "wal": wal_shown,
-            "sink": args.sink,
+            // A URL target as it shows itself: without its password or token.
+            "sink": match &sink_spec {
+                SinkSpec::Target(t) => t.shown(),
+                _ => args.sink.clone(),
+            },
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     }

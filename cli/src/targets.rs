@@ -7,6 +7,8 @@ use crate::CliResult;
 use walsink::sinks::CommittedEpoch;
 use walsink::Sink;
 
+#[cfg(feature = "nats")]
+mod nats;
 #[cfg(feature = "redis")]
 mod redis;
 
@@ -31,6 +33,8 @@ pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {
     match scheme {
         #[cfg(feature = "redis")]
         "redis" => Some(redis::parse(spec)),
+        #[cfg(feature = "nats")]
+        "nats" => Some(nats::parse(spec)),
         _ => None,
     }
 }
@@ -40,6 +44,8 @@ pub(crate) fn schemes() -> Vec<&'static str> {
     let known: &[&'static str] = &[
         #[cfg(feature = "redis")]
         "redis",
+        #[cfg(feature = "nats")]
+        "nats",
     ];
     known.to_vec()
 }

@@ -471,7 +471,11 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
             "epochs_delivered": h.delivered_epochs,
             "records_delivered": h.delivered_records,
             "wal": wal_shown,
-            "sink": crate::targets::redact(&args.sink),
+            // A URL target as it shows itself: without its password or token.
+            "sink": match &sink_spec {
+                SinkSpec::Target(t) => t.shown(),
+                _ => args.sink.clone(),
+            },
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     }

@@ -152,16 +152,20 @@ pub fn check_log_dir(dir: &Path) -> CliResult<()> {
         return Err(format!("--wal {} exists and is not a directory", dir.display()).into());
     }
     let mut any = false;
+    // What a run killed while it created the log leaves behind (the lock, the identity
+    // file before its rename): the next run creates the log there.
+    let creating = [
+        walsink::format::LOCK_FILE.to_string(),
+        format!("{}.tmp", walsink::format::IDENTITY_FILE),
+    ];
     for entry in
         std::fs::read_dir(dir).map_err(|e| format!("cannot read --wal {}: {e}", dir.display()))?
     {
-        any = true;
-        if entry
-            .map(|e| e.file_name() == walsink::format::IDENTITY_FILE)
-            .unwrap_or(false)
-        {
+        let name = entry.map(|e| e.file_name()).unwrap_or_default();
+        if name == walsink::format::IDENTITY_FILE {
             return Ok(());
         }
+        any |= !creating.iter().any(|c| name == c.as_str());
     }
     if any {
         return Err(format!(

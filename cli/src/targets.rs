@@ -9,8 +9,12 @@ use walsink::Sink;
 
 #[cfg(feature = "http")]
 mod http;
+#[cfg(feature = "nats")]
+mod nats;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
 
 /// A URL target of `--sink`.
 pub(crate) trait Target {
@@ -42,42 +46,88 @@ pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {
         "postgres" | "postgresql" => Some(postgres::parse(spec)),
         #[cfg(feature = "http")]
         "http" | "https" => Some(http::parse(spec)),
+        #[cfg(feature = "redis")]
+        "redis" => Some(redis::parse(spec)),
+        #[cfg(feature = "nats")]
+        "nats" => Some(nats::parse(spec)),
         _ => None,
     }
 }
 
 /// The URL schemes this build accepts on `--sink`, for error messages.
 pub(crate) fn schemes() -> Vec<&'static str> {
-    #[allow(unused_mut)]
-    let mut v = Vec::new();
-    #[cfg(feature = "postgres")]
-    v.push("postgres");
-    #[cfg(feature = "http")]
-    v.extend(["http", "https"]);
-    v
+    let known: &[&'static str] = &[
+        #[cfg(feature = "postgres")]
+        "postgres",
+        #[cfg(feature = "http")]
+        "http",
+        #[cfg(feature = "http")]
+        "https",
+        #[cfg(feature = "redis")]
+        "redis",
+        #[cfg(feature = "nats")]
+        "nats",
+    ];
+    known.to_vec()
 }
 
-/// `url` with any password replaced by `***`, for messages and files.
+/// `url` with any secret replaced by `***`, for messages and files: the password of the
+/// user information, user information without a password where it is a token rather than a
+/// user name (every scheme but PostgreSQL's, e.g. `nats://TOKEN@host`), and query
+/// parameters whose names say they hold a secret.
 pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let (authority, path) = match rest.find(['/', '?', '#']) {
+    let (authority, tail) = match rest.find(['/', '?', '#']) {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
     };
-    match authority.rsplit_once('@') {
+    let authority = match authority.rsplit_once('@') {
         Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let masked = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                user.to_string()
+            let masked = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None if matches!(scheme, "postgres" | "postgresql") => userinfo.to_string(),
+                None => "***".to_string(),
             };
-            format!("{scheme}://{masked}@{host}{path}")
+            format!("{masked}@{host}")
         }
-        None => url.to_string(),
-    }
+        None => authority.to_string(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let (query, fragment) = match query.split_once('#') {
+                Some((q, f)) => (q, format!("#{f}")),
+                None => (query, String::new()),
+            };
+            let params: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if secret_param(k) => format!("{k}=***"),
+                    _ => kv.to_string(),
+                })
+                .collect();
+            format!("{path}?{}{fragment}", params.join("&"))
+        }
+        None => tail.to_string(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+/// Query parameter names that carry secrets.
+fn secret_param(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    [
+        "pass",
+        "secret",
+        "token",
+        "apikey",
+        "api_key",
+        "auth",
+        "credential",
+    ]
+    .iter()
+    .any(|s| n.contains(s))
 }
 
 #[cfg(test)]
@@ -93,5 +143,15 @@ mod tests {
         assert_eq!(redact("redis://:pw@h:6379/0"), "redis://:***@h:6379/0");
         assert_eq!(redact("nats://h:4222/?stream=s"), "nats://h:4222/?stream=s");
         assert_eq!(redact("http://u:p@x/p@q?a=b@c"), "http://u:***@x/p@q?a=b@c");
+        assert_eq!(
+            redact("nats://s3cr3t@h:4222/?stream=s"),
+            "nats://***@h:4222/?stream=s"
+        );
+        assert_eq!(redact("postgres://alice@db/app"), "postgres://alice@db/app");
+        assert_eq!(
+            redact("http://h/p?max_records=5&token=abc&password=x#f"),
+            "http://h/p?max_records=5&token=***&password=***#f"
+        );
+        assert_eq!(redact("redis://h/0?key=orders"), "redis://h/0?key=orders");
     }
 }

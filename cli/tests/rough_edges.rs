@@ -372,3 +372,30 @@ fn dump_takes_ranges_a_count_and_one_segment() {
     let o = walsink(&["dump", s(&wal), "--segment", "nonsense"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// A pipe killed while it created its log leaves the lock and the identity file before its
+/// rename; the next run creates the log there instead of refusing the directory.
+#[test]
+fn a_log_whose_creation_was_killed_is_created_by_the_next_run() {
+    let d = tempfile::tempdir().unwrap();
+    let (inp, wal, out) = (
+        d.path().join("in.txt"),
+        d.path().join("wal"),
+        d.path().join("out"),
+    );
+    write_lines(&inp, &lines("c", 0, 100));
+    std::fs::create_dir(&wal).unwrap();
+    std::fs::write(wal.join("LOCK"), b"").unwrap();
+    std::fs::write(wal.join("WALSINK.tmp"), b"WSNKID\0\0 cut short").unwrap();
+    let o = run_pipe(&inp, &wal, &out, &["--quiet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(records(&out), lines("c", 0, 100));
+    // Anything else in the directory is still refused.
+    let other = d.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("LOCK"), b"").unwrap();
+    std::fs::write(other.join("notes.txt"), b"mine").unwrap();
+    let o = run_pipe(&inp, &other, &d.path().join("out2"), &["--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("not a walsink log"), "{}", stderr(&o));
+}

@@ -61,6 +61,11 @@ pub fn s(p: &Path) -> &str {
 
 /// `pipe --input IN --wal WAL --sink dir:OUT` plus `extra`.
 pub fn pipe_args(input: &Path, wal: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    pipe_args_to(input, wal, &format!("dir:{}", out.display()), extra)
+}
+
+/// `pipe --input IN --wal WAL --sink SINK` plus `extra`.
+pub fn pipe_args_to(input: &Path, wal: &Path, sink: &str, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = vec![
         "pipe".into(),
         "--input".into(),
@@ -68,7 +73,7 @@ pub fn pipe_args(input: &Path, wal: &Path, out: &Path, extra: &[&str]) -> Vec<St
         "--wal".into(),
         s(wal).into(),
         "--sink".into(),
-        format!("dir:{}", out.display()),
+        sink.into(),
     ];
     v.extend(extra.iter().map(|e| e.to_string()));
     v
@@ -90,13 +95,34 @@ pub fn kill_loop(
     kills: u32,
     seed: u64,
 ) -> (Vec<Option<i32>>, u32) {
+    kill_loop_to(
+        input,
+        wal,
+        &format!("dir:{}", out.display()),
+        extra,
+        kills,
+        seed,
+        10..=150,
+    )
+}
+
+/// [`kill_loop`] into any `--sink`, each kill after a random delay in `delays_ms`.
+pub fn kill_loop_to(
+    input: &Path,
+    wal: &Path,
+    sink: &str,
+    extra: &[&str],
+    kills: u32,
+    seed: u64,
+    delays_ms: std::ops::RangeInclusive<u64>,
+) -> (Vec<Option<i32>>, u32) {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let args = pipe_args(input, wal, out, extra);
+    let args = pipe_args_to(input, wal, sink, extra);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let (mut ended, mut killed) = (Vec::new(), 0);
     for _ in 0..kills {
         let mut child = spawn(&refs);
-        let delay = Duration::from_millis(rng.u64(10..=150));
+        let delay = Duration::from_millis(rng.u64(delays_ms.clone()));
         let t = Instant::now();
         loop {
             if let Some(status) = child.try_wait().unwrap() {

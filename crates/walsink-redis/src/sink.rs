@@ -264,69 +264,109 @@ impl RedisSink {
         Call { cmd, first, count }
     }
 
-    /// Sends `calls` in one pipeline and checks each reply; loads the script again and
-    /// resends once after `NOSCRIPT` (calls that were applied are then skipped by the
-    /// marker).
-    async fn send(&mut self, calls: &[Call], cp: u64) -> Result<(), SinkError> {
-        let mut reloaded = false;
-        loop {
-            let mut c = self.conn().await?;
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for call in calls {
-                pipe.add_command(call.cmd.clone());
+    /// Sends `calls` on a task of its own, so the next chunks are read and packed while
+    /// Redis runs these.
+    async fn spawn_send(&mut self, calls: Vec<Call>, cp: u64) -> Result<Pending, SinkError> {
+        let c = self.conn().await?;
+        let shown = self.shown(&format!("apply checkpoint {cp}"));
+        Ok(tokio::spawn(send(c, calls, shown)))
+    }
+
+    /// Waits for a send and counts what it did.
+    async fn settle(&mut self, pending: Pending) -> Result<(), SinkError> {
+        match pending.await {
+            Ok(Ok(sent)) => {
+                self.stats.chunks_applied += sent.applied;
+                self.stats.chunks_skipped += sent.skipped;
+                self.stats.script_reloads += sent.reloads;
+                Ok(())
             }
-            let replies: Vec<Value> = match pipe.query_async(&mut c).await {
-                Ok(r) => r,
-                Err(e) => return Err(self.fail(&e, &format!("apply checkpoint {cp}"))),
-            };
-            let mut noscript = false;
-            for (call, reply) in calls.iter().zip(&replies) {
-                match reply {
-                    Value::Array(v) if v.len() == 2 => {
-                        if matches!(v[0], Value::Int(1)) {
-                            self.stats.chunks_applied += 1;
-                        } else {
-                            self.stats.chunks_skipped += 1;
-                        }
-                    }
-                    Value::ServerError(e) if e.code() == "NOSCRIPT" => noscript = true,
-                    Value::ServerError(e) => {
-                        return Err(classify_server(
-                            e,
-                            &self.shown(&format!(
-                                "apply records {}..{} of checkpoint {cp}",
-                                call.first,
-                                call.first + call.count
-                            )),
-                        ))
-                    }
-                    other => {
-                        return Err(SinkError::permanent(self.shown(&format!(
-                            "unexpected reply to the chunk script: {other:?}"
-                        ))))
+            Ok(Err(Failed::Client(e, what))) => Err(self.fail(&e, &what)),
+            Ok(Err(Failed::Sink(e))) => Err(e),
+            Err(e) => Err(SinkError::retryable(
+                self.shown(&format!("the task sending chunks failed: {e}")),
+            )),
+        }
+    }
+}
+
+type Pending = tokio::task::JoinHandle<Result<Sent, Failed>>;
+
+/// What one pipeline of chunk calls did.
+#[derive(Debug, Default)]
+struct Sent {
+    applied: u64,
+    skipped: u64,
+    reloads: u64,
+}
+
+enum Failed {
+    /// A client error (the connection may be broken), and what was being done.
+    Client(redis::RedisError, String),
+    /// A classified error reply.
+    Sink(SinkError),
+}
+
+/// Sends `calls` in one pipeline and checks each reply; loads the script again and resends
+/// once after `NOSCRIPT` (calls that were applied are then skipped by the marker).
+async fn send(
+    mut c: MultiplexedConnection,
+    calls: Vec<Call>,
+    shown: String,
+) -> Result<Sent, Failed> {
+    let mut sent = Sent::default();
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    let mut ranges = Vec::with_capacity(calls.len());
+    for call in calls {
+        ranges.push((call.first, call.first + call.count));
+        pipe.add_command(call.cmd);
+    }
+    loop {
+        let replies: Vec<Value> = pipe
+            .query_async(&mut c)
+            .await
+            .map_err(|e| Failed::Client(e, shown.clone()))?;
+        let mut noscript = false;
+        for ((first, end), reply) in ranges.iter().zip(&replies) {
+            match reply {
+                Value::Array(v) if v.len() == 2 => {
+                    if matches!(v[0], Value::Int(1)) {
+                        sent.applied += 1;
+                    } else {
+                        sent.skipped += 1;
                     }
                 }
+                Value::ServerError(e) if e.code() == "NOSCRIPT" => noscript = true,
+                Value::ServerError(e) => {
+                    let what = format!("{shown}: records {first}..{end}");
+                    return Err(Failed::Sink(classify_server(e, &what)));
+                }
+                other => {
+                    return Err(Failed::Sink(SinkError::permanent(format!(
+                        "{shown}: unexpected reply to the chunk script: {other:?}"
+                    ))))
+                }
             }
-            if !noscript {
-                return Ok(());
-            }
-            if reloaded {
-                return Err(SinkError::retryable(self.shown(
-                    "NOSCRIPT again right after SCRIPT LOAD (is the script cache being flushed?)",
-                )));
-            }
-            let loaded: String = redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(script::SOURCE)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.fail(&e, "load the chunk script after NOSCRIPT"))?;
-            debug_assert_eq!(loaded, self.sha);
-            self.stats.script_reloads += 1;
-            tracing::debug!(target = %self.config, "chunk script loaded after NOSCRIPT");
-            reloaded = true;
         }
+        if !noscript {
+            return Ok(sent);
+        }
+        if sent.reloads > 0 {
+            return Err(Failed::Sink(SinkError::retryable(format!(
+                "{shown}: NOSCRIPT again right after SCRIPT LOAD (is the script cache being flushed?)"
+            ))));
+        }
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(script::SOURCE)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| {
+                Failed::Client(e, format!("{shown}: load the chunk script after NOSCRIPT"))
+            })?;
+        sent.reloads += 1;
+        tracing::debug!(target = %shown, "chunk script loaded after NOSCRIPT");
     }
 }
 
@@ -350,6 +390,10 @@ impl AsyncSink for RedisSink {
         // Chunks start at `start`, the first record the target lacks; calls go out
         // `in_flight` at a time in one pipeline.
         let mut group: Vec<Call> = Vec::with_capacity(self.config.in_flight);
+        // At most one pipeline in flight (so chunks reach Redis in order) while the next
+        // is packed. A delivery that fails or is dropped leaves it to finish on its own:
+        // the marker makes whatever it applies count.
+        let mut pending: Option<Pending> = None;
         let mut recs: Vec<bytes::Bytes> = Vec::new();
         let (mut first, mut bytes) = (start, 0usize);
         let mut chunks = AsyncChunks::new(epoch);
@@ -367,8 +411,10 @@ impl AsyncSink for RedisSink {
                     bytes = 0;
                     group.push(call);
                     if group.len() >= self.config.in_flight {
-                        self.send(&group, cp).await?;
-                        group.clear();
+                        if let Some(p) = pending.take() {
+                            self.settle(p).await?;
+                        }
+                        pending = Some(self.spawn_send(std::mem::take(&mut group), cp).await?);
                     }
                 }
             }
@@ -378,8 +424,12 @@ impl AsyncSink for RedisSink {
             // complete.
             group.push(self.call(&key, &field, first, &recs, total, meta));
         }
+        if let Some(p) = pending.take() {
+            self.settle(p).await?;
+        }
         if !group.is_empty() {
-            self.send(&group, cp).await?;
+            let p = self.spawn_send(group, cp).await?;
+            self.settle(p).await?;
         }
         Ok(())
     }

@@ -14,7 +14,10 @@ pub const URL: &str = "redis://127.0.0.1:6379/0";
 pub async fn redis() -> redis::aio::MultiplexedConnection {
     redis::Client::open(URL)
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(
+            &redis::AsyncConnectionConfig::new()
+                .set_response_timeout(Some(std::time::Duration::from_secs(60))),
+        )
         .await
         .expect("the local Redis at 127.0.0.1:6379 must answer (WALSINK_TEST_SERVERS=1)")
 }

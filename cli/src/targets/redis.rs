@@ -1,0 +1,59 @@
+//! `--sink redis://HOST:PORT/DB?key=NAME&mode=list|stream|hash`: exactly-once into Redis
+//! through `walsink-redis`, whose marker hash keeps each epoch's checkpoint metadata.
+
+use super::Target;
+use crate::CliResult;
+use walsink::sinks::CommittedEpoch;
+use walsink::Sink;
+use walsink_redis::{Config, RedisSink};
+use walsink_tokio::BlockingSink;
+
+pub(crate) struct RedisTarget {
+    config: Config,
+}
+
+pub(crate) fn parse(spec: &str) -> CliResult<Box<dyn Target>> {
+    let config = Config::from_url(spec).map_err(|e| format!("--sink: {e}"))?;
+    Ok(Box::new(RedisTarget { config }))
+}
+
+impl RedisTarget {
+    fn sink(&self) -> CliResult<BlockingSink<RedisSink>> {
+        let sink = RedisSink::new(self.config.clone()).map_err(|e| format!("--sink: {e}"))?;
+        Ok(BlockingSink::new(sink)?)
+    }
+}
+
+impl Target for RedisTarget {
+    fn shown(&self) -> String {
+        self.config.redacted()
+    }
+
+    fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
+        let mut sink = self.sink()?;
+        sink.block_on(async |s| s.connect().await)
+            .map_err(|e| format!("cannot reach {}: {e}", self.shown()))?;
+        Ok(Box::new(sink))
+    }
+
+    fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
+        let mut sink = self.sink()?;
+        let newest = sink
+            .block_on(async |s| s.committed(sink_id, subtask).await)
+            .map_err(|e| format!("cannot read the marker in {}: {e}", self.shown()))?;
+        Ok(Some(
+            newest
+                .map(|c| CommittedEpoch {
+                    checkpoint: c.checkpoint,
+                    file: format!(
+                        "checkpoint {} in {} field {sink_id}/{subtask}",
+                        c.checkpoint,
+                        self.config.marker_key(subtask)
+                    ),
+                    metadata: Some(c.metadata),
+                })
+                .into_iter()
+                .collect(),
+        ))
+    }
+}

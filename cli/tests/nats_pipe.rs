@@ -1,0 +1,159 @@
+//! `walsink pipe --sink nats://…` against the local NATS with JetStream: SIGKILL loops that
+//! end with every input line in the stream exactly once (all within the stream's duplicate
+//! window), and a missing stream ending the run with the records kept.
+
+mod common;
+
+use async_nats::jetstream::{self, consumer};
+use common::*;
+use futures_util::StreamExt;
+use std::time::Duration;
+
+fn unique(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{tag}_{}_{:x}", std::process::id(), nanos & 0xffff_ffff)
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn js() -> jetstream::Context {
+    let c = async_nats::connect("127.0.0.1:4222")
+        .await
+        .expect("the local NATS at 127.0.0.1:4222 must answer (WALSINK_TEST_SERVERS=1)");
+    jetstream::new(c)
+}
+
+fn create_stream(name: &str, subject: &str) {
+    rt().block_on(async {
+        js().await
+            .create_stream(jetstream::stream::Config {
+                name: name.into(),
+                subjects: vec![subject.into()],
+                ..Default::default()
+            })
+            .await
+            .expect("create the stream");
+    })
+}
+
+fn delete_stream(name: &str) {
+    rt().block_on(async {
+        let _ = js().await.delete_stream(name).await;
+    })
+}
+
+/// The stream's messages in order: `Nats-Msg-Id` and payload.
+fn read_stream(name: &str) -> Vec<(String, Vec<u8>)> {
+    rt().block_on(async {
+        let js = js().await;
+        let mut stream = js.get_stream(name).await.unwrap();
+        let total = stream.info().await.unwrap().state.messages;
+        let mut out = Vec::new();
+        if total == 0 {
+            return out;
+        }
+        let c = stream
+            .create_consumer(consumer::pull::OrderedConfig::default())
+            .await
+            .unwrap();
+        let mut msgs = c.messages().await.unwrap();
+        while (out.len() as u64) < total {
+            let m = tokio::time::timeout(Duration::from_secs(30), msgs.next())
+                .await
+                .expect("messages within 30 s")
+                .unwrap()
+                .unwrap();
+            let id = m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Nats-Msg-Id"))
+                .map(|v| v.as_str().to_string())
+                .unwrap_or_default();
+            out.push((id, m.payload.to_vec()));
+        }
+        out
+    })
+}
+
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local NATS with JetStream"
+)]
+fn kill_loop_into_a_jetstream_stream_ends_with_every_line_once() {
+    let d = tempfile::tempdir().unwrap();
+    let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
+    let want = lines("n", 0, 60_000);
+    write_lines(&inp, &want);
+    let u = unique("cli_kill");
+    let (stream, subject) = (format!("WALSINK_TEST_{u}"), format!("walsink-test.{u}"));
+    create_stream(&stream, &subject);
+    let sink = format!("nats://127.0.0.1:4222/?stream={stream}&subject={subject}");
+    let id = unique("k").replace('_', "-");
+    let extra = ["--checkpoint-every", "700", "--sink-id", &id, "--quiet"];
+    let mut kills = 0;
+    for round in 0..3 {
+        let (_, k) = kill_loop_to(&inp, &wal, &sink, &extra, 6, 60 + round, 50..=1500);
+        kills += k;
+        let held: Vec<Vec<u8>> = read_stream(&stream).into_iter().map(|(_, p)| p).collect();
+        assert_in_order_once(&held, &want);
+        eprintln!(
+            "after round {round}: {} of {} lines in the stream",
+            held.len(),
+            want.len()
+        );
+    }
+    let args = pipe_args_to(&inp, &wal, &sink, &extra);
+    let o = walsink(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let held = read_stream(&stream);
+    let mut ids = std::collections::HashSet::new();
+    for (mid, _) in &held {
+        assert!(mid.starts_with(&format!("{id}:0:")), "{mid}");
+        assert!(ids.insert(mid.clone()), "{mid} twice");
+    }
+    let got: Vec<Vec<u8>> = held.into_iter().map(|(_, p)| p).collect();
+    assert!(
+        got == want,
+        "every line once: {} records of {}",
+        got.len(),
+        want.len()
+    );
+    eprintln!("kill loop into nats: {kills} SIGKILLs in 18 runs");
+    assert!(kills >= 6, "too few kills landed: {kills}");
+    delete_stream(&stream);
+}
+
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local NATS with JetStream"
+)]
+fn a_missing_stream_ends_the_run_and_keeps_the_records() {
+    let d = tempfile::tempdir().unwrap();
+    let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
+    write_lines(&inp, &lines("m", 0, 200));
+    let u = unique("cli_missing");
+    let (stream, subject) = (format!("WALSINK_TEST_{u}"), format!("walsink-test.{u}"));
+    let sink = format!("nats://127.0.0.1:4222/?stream={stream}&subject={subject}");
+    let args = pipe_args_to(&inp, &wal, &sink, &["--quiet", "--max-retries", "0"]);
+    let o = walsink(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&stream), "{}", stderr(&o));
+    // With create=true the same log delivers everything once.
+    let sink = format!("{sink}&create=true");
+    let args = pipe_args_to(&inp, &wal, &sink, &["--quiet"]);
+    let o = walsink(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got: Vec<Vec<u8>> = read_stream(&stream).into_iter().map(|(_, p)| p).collect();
+    assert_eq!(got, lines("m", 0, 200));
+    delete_stream(&stream);
+}

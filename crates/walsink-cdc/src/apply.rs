@@ -119,7 +119,7 @@ impl CdcSink {
             let schema = ident(&self.config.schema);
             let ddl = format!(
                 "CREATE SCHEMA IF NOT EXISTS {schema}; \
-                 CREATE TABLE IF NOT EXISTS {schema}.{ROWS} (tbl text NOT NULL, k text NOT NULL, pos bigint NOT NULL, \
+                 CREATE TABLE IF NOT EXISTS {schema}.{ROWS} (tbl text COLLATE \"C\" NOT NULL, k text COLLATE \"C\" NOT NULL, pos bigint NOT NULL, \
                    deleted boolean NOT NULL, PRIMARY KEY (tbl, k)); \
                  CREATE TABLE IF NOT EXISTS {schema}.{TABLES} (tbl text PRIMARY KEY, truncated_at bigint NOT NULL);"
             );
@@ -236,13 +236,15 @@ impl CdcSink {
                     continue;
                 };
                 stats.events += 1;
-                let meta = table_meta(&tx, tables, &schema, &ev, rec.position, add_missing).await?;
-                planner.push(&ev, &meta, rec.position).map_err(|e| {
-                    SinkError::permanent(format!(
-                        "event at checkpoint {}, index {} (source position {}): {e}",
-                        rec.position.checkpoint, rec.position.index, ev.position
-                    ))
-                })?;
+                table_meta(&tx, tables, &schema, &ev, rec.position, add_missing).await?;
+                planner
+                    .push(&ev, &tables[&ev.table], rec.position)
+                    .map_err(|e| {
+                        SinkError::permanent(format!(
+                            "event at checkpoint {}, index {} (source position {}): {e}",
+                            rec.position.checkpoint, rec.position.index, ev.position
+                        ))
+                    })?;
                 if planner.held() >= max_held {
                     run(&tx, statements, tables, &schema, planner.drain(), stats).await?;
                 }
@@ -287,7 +289,8 @@ fn where_(ev: &Event, at: RecordPosition) -> String {
     )
 }
 
-/// The target table's metadata for `ev`, loading it (and adding missing columns when allowed).
+/// Makes sure `tables` holds the target table's metadata for `ev`, loading it (and adding
+/// missing columns when allowed).
 async fn table_meta(
     tx: &Transaction<'_>,
     tables: &mut HashMap<String, TableMeta>,
@@ -295,7 +298,7 @@ async fn table_meta(
     ev: &Event,
     at: RecordPosition,
     add_missing: bool,
-) -> Result<TableMeta, SinkError> {
+) -> Result<(), SinkError> {
     let qualified = format!("{}.{}", ident(schema), ident(&ev.table));
     if !tables.contains_key(&ev.table) {
         let meta = load_meta(tx, schema, &ev.table).await?.ok_or_else(|| {
@@ -322,7 +325,7 @@ async fn table_meta(
         .map(|r| meta.missing(r).into_iter().map(str::to_string).collect())
         .unwrap_or_default();
     if missing.is_empty() {
-        return Ok(meta.clone());
+        return Ok(());
     }
     if !add_missing {
         return Err(SinkError::permanent(format!(
@@ -344,8 +347,8 @@ async fn table_meta(
     let meta = load_meta(tx, schema, &ev.table)
         .await?
         .expect("the table was there a moment ago in this transaction");
-    tables.insert(ev.table.clone(), meta.clone());
-    Ok(meta)
+    tables.insert(ev.table.clone(), meta);
+    Ok(())
 }
 
 /// The column type for a value of a column an event adds.
@@ -420,23 +423,25 @@ fn statement_sql(schema: &str, meta: &TableMeta, kind: u8, columns: &[String]) -
          FROM jsonb_array_elements($1::jsonb) e, LATERAL jsonb_populate_record(NULL::{t}, e->'r') r \
          WHERE (e->>'p')::bigint > coalesce((SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $2), -9223372036854775808))"
     );
-    // The keys whose recorded rank is older: the guard, recording the new rank.
+    // The guard: the rows whose key holds no rank at or above theirs (an index lookup per
+    // row), computed once; the side table and the replica table are both written from it.
+    let ok = format!(
+        "ok AS (SELECT * FROM v WHERE NOT EXISTS (SELECT 1 FROM {s}.{ROWS} x \
+         WHERE x.tbl = $2 AND x.k = v._ws_key AND x.pos >= v._ws_rank))"
+    );
     let deleted = if kind == DELETE { "true" } else { "false" };
     let g = format!(
-        "g AS (INSERT INTO {s}.{ROWS} AS x (tbl, k, pos, deleted) SELECT $2, _ws_key, _ws_rank, {deleted} FROM v \
-         ON CONFLICT (tbl, k) DO UPDATE SET pos = EXCLUDED.pos, deleted = EXCLUDED.deleted WHERE x.pos < EXCLUDED.pos \
-         RETURNING k)"
+        "g AS (INSERT INTO {s}.{ROWS} AS x (tbl, k, pos, deleted) SELECT $2, _ws_key, _ws_rank, {deleted} FROM ok \
+         ON CONFLICT (tbl, k) DO UPDATE SET pos = EXCLUDED.pos, deleted = EXCLUDED.deleted)"
     );
     if kind == DELETE {
         let on = meta
             .key
             .iter()
-            .map(|c| format!("t.{0} = v.{0}", ident(c)))
+            .map(|c| format!("t.{0} = ok.{0}", ident(c)))
             .collect::<Vec<_>>()
             .join(" AND ");
-        return format!(
-            "WITH {v}, {g} DELETE FROM {t} t USING v JOIN g ON g.k = v._ws_key WHERE {on}"
-        );
+        return format!("WITH {v}, {ok}, {g} DELETE FROM {t} t USING ok WHERE {on}");
     }
     let cols = columns
         .iter()
@@ -445,7 +450,7 @@ fn statement_sql(schema: &str, meta: &TableMeta, kind: u8, columns: &[String]) -
         .join(", ");
     let vcols = columns
         .iter()
-        .map(|c| format!("v.{}", ident(c)))
+        .map(|c| format!("ok.{}", ident(c)))
         .collect::<Vec<_>>()
         .join(", ");
     let keys = meta
@@ -465,7 +470,7 @@ fn statement_sql(schema: &str, meta: &TableMeta, kind: u8, columns: &[String]) -
         format!("DO UPDATE SET {}", sets.join(", "))
     };
     format!(
-        "WITH {v}, {g} INSERT INTO {t} ({cols}) SELECT {vcols} FROM v JOIN g ON g.k = v._ws_key \
+        "WITH {v}, {ok}, {g} INSERT INTO {t} ({cols}) SELECT {vcols} FROM ok \
          ON CONFLICT ({keys}) {conflict}"
     )
 }
@@ -634,7 +639,7 @@ mod tests {
             up.contains("ON CONFLICT (\"id\") DO UPDATE SET \"name\" = EXCLUDED.\"name\""),
             "{up}"
         );
-        assert!(up.contains("WHERE x.pos < EXCLUDED.pos"), "{up}");
+        assert!(up.contains("x.pos >= v._ws_rank"), "{up}");
         let only_key = statement_sql("r", &meta, UPSERT, &["id".into()]);
         assert!(only_key.ends_with("DO NOTHING"), "{only_key}");
         let del = statement_sql("r", &meta, DELETE, &[]);

@@ -1,19 +1,19 @@
 //! Apply throughput, same run, interleaved rounds, over the same client (tokio-postgres)
 //! against the same server:
 //!
-//! - **walsink**: the change events sealed in a log (epochs of `EPOCH` events) and delivered
+//! - **walsink**: the change events sealed in a log (epochs of `--epoch` events) and delivered
 //!   by [`CdcSink`] (parse, plan, guarded set-based statements, marker, one transaction per
 //!   epoch); timed from sealed to committed;
 //! - **floor**: one transaction with one multi-row upsert of the same final rows (typed
 //!   arrays through `unnest`), plus one multi-row delete of the keys that end deleted;
-//! - **naive**: one statement per event (upsert or delete), in transactions of `EPOCH`
+//! - **naive**: one statement per event (upsert or delete), in transactions of `--epoch`
 //!   events: what an at-least-once JDBC-style sink does.
 //!
 //! Reported: changes per second of each, and walsink's ratio to the floor and to the naive
 //! apply (median of the rounds, with min–max). Needs a PostgreSQL: `WALSINK_BENCH_URL`
 //! (default the shared server, `postgres://postgres@127.0.0.1:5432/test`).
 //!
-//! `cargo bench -p walsink-cdc --bench apply` (`-- --events N --rounds R`).
+//! `cargo bench -p walsink-cdc --bench apply` (`-- --events N --rounds R --epoch E`).
 
 use serde_json::json;
 use std::sync::Arc;
@@ -21,8 +21,6 @@ use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};
 use walsink::{MemoryCommitStore, Options, WalSink};
 use walsink_cdc::{CdcSink, Config};
-
-const EPOCH: usize = 5_000;
 
 /// An event: op, id, old id (key change), values.
 #[derive(Clone)]
@@ -104,7 +102,13 @@ async fn fresh(c: &Client, schema: &str) {
     .unwrap();
 }
 
-async fn walsink_round(url: &str, c: &Client, schema: &str, lines: &[Vec<u8>]) -> Duration {
+async fn walsink_round(
+    url: &str,
+    c: &Client,
+    schema: &str,
+    lines: &[Vec<u8>],
+    epoch: usize,
+) -> Duration {
     fresh(c, schema).await;
     let dir = tempfile::tempdir().unwrap();
     let (wal, _) = WalSink::open_with(
@@ -114,7 +118,7 @@ async fn walsink_round(url: &str, c: &Client, schema: &str, lines: &[Vec<u8>]) -
     )
     .unwrap();
     let wal = Arc::new(wal);
-    for (i, chunk) in lines.chunks(EPOCH).enumerate() {
+    for (i, chunk) in lines.chunks(epoch).enumerate() {
         wal.append_batch(chunk.iter().map(Vec::as_slice)).unwrap();
         wal.checkpoint(i as u64 + 1, b"").unwrap();
         wal.checkpoint_complete(i as u64 + 1).unwrap();
@@ -125,7 +129,12 @@ async fn walsink_round(url: &str, c: &Client, schema: &str, lines: &[Vec<u8>]) -
     let t = Instant::now();
     let n = walsink_tokio::deliver_ready(&wal, &mut sink).await.unwrap();
     let d = t.elapsed();
-    assert_eq!(n, lines.len().div_ceil(EPOCH));
+    let st = sink.stats();
+    eprintln!(
+        "  (walsink round: {d:.2?} = planning {:.2?} + statements {:.2?} ({} sent) + commits {:.2?} + the rest)",
+        st.planning, st.statements, st.sent, st.committing
+    );
+    assert_eq!(n, lines.len().div_ceil(epoch));
     d
 }
 
@@ -182,7 +191,7 @@ async fn floor_round(
     t.elapsed()
 }
 
-async fn naive_round(c: &mut Client, schema: &str, evs: &[Ev]) -> Duration {
+async fn naive_round(c: &mut Client, schema: &str, evs: &[Ev], epoch: usize) -> Duration {
     fresh(c, schema).await;
     let t = Instant::now();
     let up = c
@@ -195,7 +204,7 @@ async fn naive_round(c: &mut Client, schema: &str, evs: &[Ev]) -> Duration {
         .prepare(&format!("DELETE FROM {schema}.t WHERE id = $1"))
         .await
         .unwrap();
-    for chunk in evs.chunks(EPOCH) {
+    for chunk in evs.chunks(epoch) {
         let tx = c.transaction().await.unwrap();
         for e in chunk {
             match e {
@@ -227,6 +236,7 @@ fn main() {
     }
     let events = arg("--events", 50_000);
     let rounds = arg("--rounds", 5);
+    let epoch = arg("--epoch", 5_000).max(1);
     let url = std::env::var("WALSINK_BENCH_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -245,9 +255,9 @@ fn main() {
             // Rotate the order so no mode always runs first.
             for k in 0..3 {
                 match (r + k) % 3 {
-                    0 => w.push(walsink_round(&url, &c, &schema, &lines).await.as_secs_f64()),
+                    0 => w.push(walsink_round(&url, &c, &schema, &lines, epoch).await.as_secs_f64()),
                     1 => f.push(floor_round(&mut c, &schema, &state).await.as_secs_f64()),
-                    _ => nv.push(naive_round(&mut c, &schema, &evs).await.as_secs_f64()),
+                    _ => nv.push(naive_round(&mut c, &schema, &evs, epoch).await.as_secs_f64()),
                 }
             }
         }
@@ -258,7 +268,7 @@ fn main() {
         let vs_naive = ratios(&w, &nv);
         let mm = |v: &[f64]| (v.iter().cloned().fold(f64::MAX, f64::min), v.iter().cloned().fold(0.0, f64::max));
         println!(
-            "apply of {events} change events ({} final rows, {} deletes), {rounds} interleaved rounds, epochs of {EPOCH}",
+            "apply of {events} change events ({} final rows, {} deletes), {rounds} interleaved rounds, epochs (and naive transactions) of {epoch} events",
             state.0.len(),
             state.1.len()
         );

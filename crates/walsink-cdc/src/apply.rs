@@ -51,15 +51,23 @@ impl std::fmt::Debug for CdcSink {
     }
 }
 
-/// What a sink applied since it was made.
+/// What a sink applied since it was made, and where its time went.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
+    /// Time spent reading, parsing and planning events (wall clock, in the epoch's
+    /// transaction).
+    pub planning: std::time::Duration,
+    /// Time spent in the change statements (wall clock, the server's work and the round
+    /// trips).
+    pub statements: std::time::Duration,
+    /// Time spent in COMMIT.
+    pub committing: std::time::Duration,
     /// Epochs committed.
     pub epochs: u64,
     /// Events read (tombstones excluded).
     pub events: u64,
     /// Statements sent for changes.
-    pub statements: u64,
+    pub sent: u64,
 }
 
 const TOMBS: &str = "walsink_cdc_tombstones";
@@ -221,6 +229,8 @@ impl CdcSink {
         if !fresh {
             return Ok(());
         }
+        let started = std::time::Instant::now();
+        let before = stats.statements;
         let mut planner = Planner::new();
         let mut chunks = AsyncChunks::new(epoch);
         while let Some(chunk) = chunks.next().await {
@@ -242,21 +252,24 @@ impl CdcSink {
                 };
                 stats.events += 1;
                 table_meta(&tx, tables, &schema, &ev, rec.position, add_missing).await?;
-                planner
-                    .push(&ev, &tables[&ev.table], rec.position)
-                    .map_err(|e| {
-                        SinkError::permanent(format!(
-                            "event at checkpoint {}, index {} (source position {}): {e}",
-                            rec.position.checkpoint, rec.position.index, ev.position
-                        ))
-                    })?;
+                let source_position = ev.position;
+                let meta = &tables[&ev.table];
+                planner.push(ev, meta, rec.position).map_err(|e| {
+                    SinkError::permanent(format!(
+                        "event at checkpoint {}, index {} (source position {source_position}): {e}",
+                        rec.position.checkpoint, rec.position.index
+                    ))
+                })?;
                 if planner.held() >= max_held {
                     run(&tx, statements, tables, &schema, planner.drain(), stats).await?;
                 }
             }
         }
         run(&tx, statements, tables, &schema, planner.drain(), stats).await?;
+        stats.planning += started.elapsed().saturating_sub(stats.statements - before);
+        let committing = std::time::Instant::now();
         tx.commit().await.map_err(|e| classify(e, "commit"))?;
+        stats.committing += committing.elapsed();
         stats.epochs += 1;
         Ok(())
     }
@@ -422,10 +435,10 @@ const UPSERT: u8 = 0;
 const DELETE: u8 = 1;
 
 /// The rows of one statement: `[{"p": rank, "r": image}, …]`.
-fn payload(rows: &[crate::plan::Change]) -> Value {
+fn payload(rows: Vec<crate::plan::Change>) -> Value {
     Value::Array(
-        rows.iter()
-            .map(|c| json!({"p": c.rank, "r": Value::Object(c.row.clone())}))
+        rows.into_iter()
+            .map(|c| json!({"p": c.rank, "r": Value::Object(c.row)}))
             .collect(),
     )
 }
@@ -488,8 +501,22 @@ async fn run(
     steps: Vec<Step>,
     stats: &mut Stats,
 ) -> Result<(), SinkError> {
+    let started = std::time::Instant::now();
+    let r = run_steps(tx, statements, tables, schema, steps, stats).await;
+    stats.statements += started.elapsed();
+    r
+}
+
+async fn run_steps(
+    tx: &Transaction<'_>,
+    statements: &mut HashMap<(String, u8, Vec<String>), Statement>,
+    tables: &HashMap<String, TableMeta>,
+    schema: &str,
+    steps: Vec<Step>,
+    stats: &mut Stats,
+) -> Result<(), SinkError> {
     for step in steps {
-        stats.statements += 1;
+        stats.sent += 1;
         match step {
             Step::Truncate { table, rank, at } => {
                 truncate(tx, schema, &tables[&table], rank, at).await?
@@ -502,9 +529,10 @@ async fn run(
             Step::Deletes { table, rows } => {
                 let meta = &tables[&table];
                 let st = prepare(tx, statements, schema, meta, DELETE, &[]).await?;
-                tx.execute(&st, &[&payload(&rows), &table])
+                let ctx = failed("delete from", schema, &table, &rows);
+                tx.execute(&st, &[&payload(rows), &table])
                     .await
-                    .map_err(|e| classify(e, &failed("delete from", schema, &table, &rows)))?;
+                    .map_err(|e| classify(e, &ctx))?;
             }
             Step::Upserts {
                 table,
@@ -513,9 +541,10 @@ async fn run(
             } => {
                 let meta = &tables[&table];
                 let st = prepare(tx, statements, schema, meta, UPSERT, &columns).await?;
-                tx.execute(&st, &[&payload(&rows), &table])
+                let ctx = failed("upsert into", schema, &table, &rows);
+                tx.execute(&st, &[&payload(rows), &table])
                     .await
-                    .map_err(|e| classify(e, &failed("upsert into", schema, &table, &rows)))?;
+                    .map_err(|e| classify(e, &ctx))?;
             }
         }
     }

@@ -221,13 +221,16 @@ pub struct Batch {
     pub pos: SourcePos,
 }
 
+/// A table's columns (name, type OID) and its key columns.
+type TableColumns = (Vec<(String, u32)>, Vec<String>);
+
 /// A connection to the source.
 pub struct Capture {
     cfg: SourceConfig,
     client: Client,
     relations: HashMap<u32, Relation>,
     /// Per table: columns with types, key columns.
-    columns: HashMap<(String, String), (Vec<(String, u32)>, Vec<String>)>,
+    columns: HashMap<(String, String), TableColumns>,
 }
 
 impl std::fmt::Debug for Capture {

@@ -109,8 +109,14 @@ impl<S: Sink> Sink for Watched<S> {
         self.inner.stores_marker()
     }
     fn is_committed(&mut self, key: &EpochKey) -> Result<bool, SinkError> {
+        // The committer asks before every attempt: an answer says nothing about whether the
+        // delivery itself now works, so only a failure counts (a success here must not reset
+        // a failing epoch's streak, or a marker target would never be given up on).
         let r = self.inner.is_committed(key);
-        self.note(r)
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) => self.note(Err(e)),
+        }
     }
 }
 

@@ -46,6 +46,11 @@ enum Command {
         /// Print JSON to stdout.
         #[arg(long)]
         json: bool,
+        /// Also show what this target holds as committed for the log's sink id and subtask
+        /// (the same value as `pipe --sink`: `dir:PATH` or a URL such as `postgres://…`),
+        /// beside the log's own commit mark.
+        #[arg(long)]
+        sink: Option<String>,
     },
     /// Print the records in a log: one line per record (checkpoint, index, state, text), or
     /// JSON. Exit 1 with a warning when the log is damaged (the valid prefix is printed).
@@ -92,7 +97,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Pipe(args) => pipe::run(args),
-        Command::Inspect { dir, json } => tools::inspect(&dir, json),
+        Command::Inspect { dir, json, sink } => tools::inspect(&dir, json, sink.as_deref()),
         Command::Dump(args) => tools::dump(&args),
         Command::Verify { dir, json, quiet } => tools::verify(&dir, json, quiet),
         Command::Repair {

@@ -474,7 +474,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
             "epochs_delivered": h.delivered_epochs,
             "records_delivered": h.delivered_records,
             "wal": wal_shown,
-            "sink": args.sink,
+            "sink": crate::targets::redact(&args.sink),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     }

@@ -7,6 +7,9 @@ use crate::CliResult;
 use walsink::sinks::CommittedEpoch;
 use walsink::Sink;
 
+#[cfg(feature = "postgres")]
+mod postgres;
+
 /// A URL target of `--sink`.
 pub(crate) trait Target {
     /// The target for messages: the URL without its password.
@@ -19,6 +22,13 @@ pub(crate) trait Target {
     /// checkpoint metadata kept beside each marker, oldest first; `None` for a target that
     /// keeps no marker (its exactly-once rests on idempotency keys).
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>>;
+
+    /// Lines about the target's own state for `walsink inspect --sink` (for example
+    /// transactions it holds prepared); none by default.
+    fn status(&self, sink_id: &str, subtask: u32) -> CliResult<Vec<String>> {
+        let _ = (sink_id, subtask);
+        Ok(Vec::new())
+    }
 }
 
 /// The target for a `--sink` URL, or `None` when `spec` is not a URL this build knows.
@@ -26,13 +36,18 @@ pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {
     let (scheme, _) = spec.split_once("://")?;
     #[allow(clippy::match_single_binding)]
     match scheme {
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Some(postgres::parse(spec)),
         _ => None,
     }
 }
 
 /// The URL schemes this build accepts on `--sink`, for error messages.
 pub(crate) fn schemes() -> Vec<&'static str> {
-    Vec::new()
+    vec![
+        #[cfg(feature = "postgres")]
+        "postgres",
+    ]
 }
 
 /// `url` with any password replaced by `***`, for messages and files.

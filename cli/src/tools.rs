@@ -133,10 +133,57 @@ pub fn verify(dir: &Path, json: bool, quiet: bool) -> CliResult<ExitCode> {
     })
 }
 
+/// What a target holds for the log's sink id: its shown name, its newest committed
+/// checkpoint, how many epochs it holds, and lines about its own state.
+struct TargetView {
+    shown: String,
+    committed: Option<u64>,
+    epochs: usize,
+    status: Vec<String>,
+}
+
+fn target_view(spec: &str, identity: Option<&(String, u32)>) -> CliResult<TargetView> {
+    use crate::pipe_args::{parse_sink, SinkSpec};
+    let Some((sink_id, subtask)) = identity else {
+        return Err("--sink: the log's identity file is damaged, so its sink id is unknown".into());
+    };
+    let (shown, held, status) = match parse_sink(spec)? {
+        SinkSpec::Dir(out) => {
+            let held = walsink::DirSink::committed(&out, sink_id, *subtask).map_err(|e| {
+                format!("cannot read the sink directory {}: {e}", out.display())
+            })?;
+            (out.display().to_string(), held, Vec::new())
+        }
+        SinkSpec::Stdout => {
+            return Err("--sink stdout keeps no record of what it printed; inspect shows a target that holds commit markers (dir:PATH, postgres://…)".into())
+        }
+        SinkSpec::Target(t) => {
+            let Some(held) = t.committed(sink_id, *subtask)? else {
+                return Err(format!(
+                    "--sink {} keeps no commit marker (its exactly-once rests on idempotency keys), so it cannot say what it holds",
+                    t.shown()
+                )
+                .into());
+            };
+            (t.shown(), held, t.status(sink_id, *subtask)?)
+        }
+    };
+    Ok(TargetView {
+        shown,
+        committed: held.iter().map(|e| e.checkpoint).max(),
+        epochs: held.len(),
+        status,
+    })
+}
+
 /// `walsink inspect`.
-pub fn inspect(dir: &Path, json: bool) -> CliResult<ExitCode> {
+pub fn inspect(dir: &Path, json: bool, sink: Option<&str>) -> CliResult<ExitCode> {
     let st = storage(dir)?;
     let r = walsink::verify(&st)?;
+    let target = match sink {
+        Some(spec) => Some(target_view(spec, r.identity.as_ref())?),
+        None => None,
+    };
     let now = now_ms();
     let backlog: Vec<_> = r
         .checkpoints
@@ -158,6 +205,11 @@ pub fn inspect(dir: &Path, json: bool) -> CliResult<ExitCode> {
             "epochs": backlog.len(), "records": backlog_records, "bytes": backlog_bytes,
             "oldest_age_ms": oldest_age_ms,
         });
+        if let Some(t) = &target {
+            v["target"] = json!({
+                "sink": t.shown, "committed": t.committed, "epochs": t.epochs, "status": t.status,
+            });
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(code);
     }
@@ -171,6 +223,25 @@ pub fn inspect(dir: &Path, json: bool) -> CliResult<ExitCode> {
         "committed through: {}",
         r.committed.map_or("-".into(), |c| c.to_string())
     )?;
+    if let Some(t) = &target {
+        writeln!(
+            out,
+            "target {}: committed through {} ({} held){}",
+            t.shown,
+            t.committed.map_or("-".into(), |c| c.to_string()),
+            plural(t.epochs as u64, "epoch"),
+            match (t.committed, r.committed) {
+                (Some(a), Some(b)) if a > b =>
+                    " — ahead of the log's mark, which catches up on the next delivery",
+                (Some(_), None) =>
+                    " — ahead of the log's mark, which catches up on the next delivery",
+                _ => "",
+            }
+        )?;
+        for line in &t.status {
+            writeln!(out, "  {line}")?;
+        }
+    }
     writeln!(out, "segments (preallocated to their full size):")?;
     for (name, len) in &r.segments {
         writeln!(out, "  {name}  {len} bytes")?;

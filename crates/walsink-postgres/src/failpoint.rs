@@ -1,6 +1,6 @@
 //! Failpoints at the dangerous points of a delivery (feature `failpoints`, for the CLI's
-//! kill tests): `WALSINK_PG_FAILPOINT=NAME@N` aborts the process the `N`th time (counted
-//! in deliveries, from 1) the delivery reaches `NAME`:
+//! kill tests): `WALSINK_PG_FAILPOINT=NAME@N` aborts the process the `N`th time (from 1) a
+//! delivery of this process reaches `NAME`:
 //!
 //! - `after-copy`: the rows are copied, the transaction is open (before COMMIT or PREPARE);
 //! - `after-prepare`: two-phase mode, the transaction is prepared (before COMMIT PREPARED);
@@ -14,7 +14,7 @@ mod imp {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
 
-    static DELIVERIES: AtomicU64 = AtomicU64::new(0);
+    static HITS: AtomicU64 = AtomicU64::new(0);
 
     fn spec() -> &'static Option<(String, u64)> {
         static SPEC: OnceLock<Option<(String, u64)>> = OnceLock::new();
@@ -25,13 +25,9 @@ mod imp {
         })
     }
 
-    pub fn count_delivery() {
-        DELIVERIES.fetch_add(1, Ordering::SeqCst);
-    }
-
     pub fn hit(name: &str) {
         if let Some((n, at)) = spec() {
-            if n == name && DELIVERIES.load(Ordering::SeqCst) == *at {
+            if n == name && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *at {
                 eprintln!("failpoint {name}@{at}: aborting the process");
                 std::process::abort();
             }
@@ -42,9 +38,7 @@ mod imp {
 #[cfg(not(feature = "failpoints"))]
 mod imp {
     #[inline(always)]
-    pub fn count_delivery() {}
-    #[inline(always)]
     pub fn hit(_name: &str) {}
 }
 
-pub(crate) use imp::{count_delivery, hit};
+pub(crate) use imp::hit;

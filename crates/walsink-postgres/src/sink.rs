@@ -159,18 +159,7 @@ impl PgSink {
             return Ok(());
         }
         self.conn = None;
-        let shown = self.config.to_string();
-        let (client, connection) = self
-            .config
-            .pg
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| sink_error(&format!("connect to {shown}"), e))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "PostgreSQL connection ended");
-            }
-        });
+        let client = self.plain_connect().await?;
         let table = &self.config.table;
         let marker = &self.config.marker_table;
         let exists = |name: String| {
@@ -226,6 +215,47 @@ impl PgSink {
         Ok(())
     }
 
+    /// A connection without any set-up (its task runs on the current runtime).
+    async fn plain_connect(&self) -> Result<tokio_postgres::Client, SinkError> {
+        let shown = self.config.to_string();
+        let (client, connection) = self
+            .config
+            .pg
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| sink_error(&format!("connect to {shown}"), e))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "PostgreSQL connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// Runs a read on the sink's connection, or on a plain one when the sink is not set up
+    /// (so reading what the target holds creates nothing).
+    async fn read<T>(
+        &mut self,
+        what: &str,
+        f: impl AsyncFnOnce(&tokio_postgres::Client) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<T, SinkError> {
+        let owned;
+        let client = match self.conn.as_ref().filter(|c| !c.client.is_closed()) {
+            Some(c) => &c.client,
+            None => {
+                owned = self.plain_connect().await?;
+                &owned
+            }
+        };
+        match f(client).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                self.conn = None;
+                Err(sink_error(what, e))
+            }
+        }
+    }
+
     async fn client(&mut self) -> Result<&mut Conn, SinkError> {
         self.connect().await?;
         Ok(self.conn.as_mut().expect("connected above"))
@@ -239,15 +269,13 @@ impl PgSink {
         subtask: u32,
     ) -> Result<Vec<Marker>, SinkError> {
         let marker = self.config.marker_table.clone();
-        let c = self.client().await?;
-        match marker.committed(&c.client, sink_id, subtask).await {
-            Ok(m) => Ok(m),
-            Err(e) if e.code().is_some_and(|s| s.code() == "42P01") => Ok(Vec::new()),
-            Err(e) => {
-                self.conn = None;
-                Err(sink_error("read the marker table", e))
+        self.read("read the marker table", async |c| {
+            match marker.committed(c, sink_id, subtask).await {
+                Err(e) if e.code().is_some_and(|s| s.code() == "42P01") => Ok(Vec::new()),
+                r => r,
             }
-        }
+        })
+        .await
     }
 
     /// The prepared transactions of `(sink_id, subtask)` on the server, oldest first, and
@@ -260,16 +288,16 @@ impl PgSink {
     ) -> Result<Vec<PreparedXact>, SinkError> {
         let prefix = gid_prefix(sink_id, subtask);
         let limit = self.config.prepared_warn_after;
-        let c = self.client().await?;
-        let rows = c
-            .client
-            .query(
-                "SELECT gid, extract(epoch FROM now() - prepared)::float8 FROM pg_prepared_xacts \
-                 WHERE database = current_database() AND left(gid, length($1)) = $1 ORDER BY prepared",
-                &[&prefix],
-            )
-            .await
-            .map_err(|e| sink_error("list prepared transactions", e))?;
+        let rows = self
+            .read("list prepared transactions", async |c| {
+                c.query(
+                    "SELECT gid, extract(epoch FROM now() - prepared)::float8 FROM pg_prepared_xacts \
+                     WHERE database = current_database() AND left(gid, length($1)) = $1 ORDER BY prepared",
+                    &[&prefix],
+                )
+                .await
+            })
+            .await?;
         let found: Vec<PreparedXact> = rows
             .iter()
             .filter_map(|r| {
@@ -520,7 +548,6 @@ impl AsyncSink for PgSink {
     /// replaces, so the server rolls it back; a prepared transaction left behind is
     /// committed by the next delivery of the same epoch.
     async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
-        failpoint::count_delivery();
         // A connection that was in the middle of something (a cancelled call) is replaced.
         self.conn = self.conn.take().filter(|c| !c.client.is_closed());
         let fp = fingerprint(epoch);

@@ -1,0 +1,248 @@
+//! Against the shared PostgreSQL server: the conformance suite in marker mode, a backend
+//! terminated mid-epoch, permanent errors that skip nothing, and two-phase mode refused by a
+//! server without prepared transactions.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+use walsink::{ErrorKind, SinkErrorClass};
+use walsink_postgres::{Config, PgSink};
+use walsink_tokio::{deliver_ready, spawn_committer};
+
+const IGNORE: &str = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL";
+
+fn sink_class(e: &walsink::Error) -> SinkErrorClass {
+    match e.kind() {
+        ErrorKind::Sink(s) => s.class(),
+        other => panic!("not a sink error: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn conformance_in_marker_mode() {
+    let _ = IGNORE;
+    walsink_tokio::conformance::run_all(&Pg::new(SHARED, "")).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn markers_hold_the_checkpoint_metadata() {
+    let pg = Pg::new(SHARED, "");
+    let id = unique("meta");
+    let log = open(&id);
+    epoch(&log.wal, 1, 0..10);
+    epoch(&log.wal, 2, 10..10);
+    epoch(&log.wal, 5, 10..30);
+    let mut sink = PgSink::new(pg.config());
+    assert_eq!(deliver_ready(&log.wal, &mut sink).await.unwrap(), 3);
+    let m = sink.committed(&id, 0).await.unwrap();
+    let got: Vec<(u64, Vec<u8>, u64)> = m
+        .into_iter()
+        .map(|m| (m.checkpoint, m.metadata, m.records))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(1, b"meta 1".to_vec(), 10), (5, b"meta 5".to_vec(), 20)],
+        "an empty epoch never reaches the sink (walsink commits it without delivery)"
+    );
+    assert!(sink.committed("nobody", 0).await.unwrap().is_empty());
+}
+
+/// The sink's backend is terminated while its COPY waits (the table is locked by another
+/// session): the error is retryable, the committer retries, the epoch lands once.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn a_backend_terminated_mid_epoch_is_retried_and_lands_once() {
+    let app = unique("term");
+    let pg = Pg::new(SHARED, &format!("&application_name={app}"));
+    let id = unique("term");
+    let mut sink = PgSink::new(pg.config());
+    sink.connect().await.expect("connect and create the tables");
+    let locker = client(SHARED).await;
+    locker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+            pg.table
+        ))
+        .await
+        .unwrap();
+    let log = open(&id);
+    let committer = spawn_committer(&log.wal, sink).unwrap();
+    let want = epoch(&log.wal, 1, 0..5000);
+    let admin = client(SHARED).await;
+    let mut terminated = 0;
+    for _ in 0..2000 {
+        let n = admin
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event_type = 'Lock' AND query LIKE 'COPY%'",
+                &[&app],
+            )
+            .await
+            .unwrap()
+            .len();
+        if n > 0 {
+            terminated += n;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        terminated, 1,
+        "the sink's COPY was seen waiting and terminated"
+    );
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    assert!(
+        wait_committed(&log.wal, 1, 60).await,
+        "{:?}",
+        log.wal.health()
+    );
+    let h = log.wal.health();
+    assert!(h.errors >= 1, "the termination was an error: {h:?}");
+    let report = committer.shutdown(Duration::from_secs(30)).await;
+    assert!(report.clean);
+    assert_eq!(
+        rows(SHARED, &pg.table, &id, 0).await,
+        want,
+        "once, in order"
+    );
+}
+
+/// A table without the payload column: a permanent error naming SQLSTATE 42703; the epoch
+/// stays in the log and lands once the column exists.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn a_missing_column_is_permanent_and_nothing_is_skipped() {
+    let pg = Pg::new(SHARED, "");
+    let admin = client(SHARED).await;
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {} (sink_id text, subtask int, checkpoint bigint, idx bigint)",
+            pg.table
+        ))
+        .await
+        .unwrap();
+    let id = unique("col");
+    let log = open(&id);
+    let want = epoch(&log.wal, 1, 0..100);
+    let mut sink = PgSink::new(pg.config());
+    let e = sink.connect().await.unwrap_err();
+    assert_eq!(e.class(), SinkErrorClass::Permanent, "{e}");
+    assert!(e.to_string().contains("42703"), "{e}");
+    assert!(e.to_string().contains("payload"), "{e}");
+    let e = deliver_ready(&log.wal, &mut sink).await.unwrap_err();
+    assert_eq!(sink_class(&e), SinkErrorClass::Permanent);
+    assert_eq!(log.wal.health().committed, None, "nothing skipped");
+    let n: i64 = admin
+        .query_one(&format!("SELECT count(*) FROM {}", pg.table), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0);
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE {} ADD COLUMN payload bytea",
+            pg.table
+        ))
+        .await
+        .unwrap();
+    assert_eq!(deliver_ready(&log.wal, &mut sink).await.unwrap(), 1);
+    assert_eq!(rows(SHARED, &pg.table, &id, 0).await, want);
+}
+
+/// A payload column of the wrong type: a permanent error naming the column and its type,
+/// before anything is committed.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn an_incompatible_column_type_is_permanent() {
+    let pg = Pg::new(SHARED, "");
+    let admin = client(SHARED).await;
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {} (sink_id text, subtask int, checkpoint bigint, idx bigint, payload integer)",
+            pg.table
+        ))
+        .await
+        .unwrap();
+    let id = unique("type");
+    let log = open(&id);
+    epoch(&log.wal, 1, 0..10);
+    let mut sink = PgSink::new(pg.config());
+    let e = deliver_ready(&log.wal, &mut sink).await.unwrap_err();
+    assert_eq!(sink_class(&e), SinkErrorClass::Permanent, "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("payload") && msg.contains("int4"), "{msg}");
+    assert_eq!(log.wal.health().committed, None);
+    let n: i64 = admin
+        .query_one(&format!("SELECT count(*) FROM {}", pg.table), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 0, "nothing committed");
+    let m: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM walsink_markers WHERE sink_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(m, 0, "no marker without the rows");
+}
+
+/// Two-phase mode against the shared server (max_prepared_transactions = 0): PREPARE is
+/// refused with 55000, a permanent error; nothing committed.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn two_phase_mode_without_prepared_transactions_is_permanent() {
+    let pg = Pg::new(SHARED, "&mode=2pc");
+    let id = unique("no2pc");
+    let log = open(&id);
+    epoch(&log.wal, 1, 0..10);
+    let mut sink = PgSink::new(pg.config());
+    let e = deliver_ready(&log.wal, &mut sink).await.unwrap_err();
+    assert_eq!(sink_class(&e), SinkErrorClass::Permanent, "{e}");
+    assert!(e.to_string().contains("55000"), "{e}");
+    assert!(rows(SHARED, &pg.table, &id, 0).await.is_empty());
+    assert_eq!(log.wal.health().committed, None);
+}
+
+/// A server that does not answer: a retryable connection error naming the target without
+/// its password.
+#[tokio::test]
+async fn an_unreachable_server_is_retryable_and_shows_no_password() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let c = Config::from_url(&format!(
+        "postgres://u:hunter2@127.0.0.1:{port}/d?table=t&connect_timeout=2"
+    ))
+    .unwrap();
+    let mut sink = PgSink::new(c);
+    let e = sink.connect().await.unwrap_err();
+    assert_eq!(e.class(), SinkErrorClass::Retryable, "{e}");
+    assert!(!e.to_string().contains("hunter2"), "{e}");
+    assert!(e.to_string().contains(&format!(":{port}/")), "{e}");
+}

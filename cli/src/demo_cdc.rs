@@ -259,7 +259,7 @@ pub fn run(args: CdcDemoArgs) -> CliResult<ExitCode> {
     })?;
     let made = changes.load(Ordering::Relaxed) + args.rows;
     note(format!(
-        "demo cdc: done in {:.1?}; {} row changes made on the source ({} rows + {} by the workload); {applied} events captured and applied in {epochs} epochs (a change that committed while the snapshot was read is captured twice, and the position guard applies it once)",
+        "demo cdc: done in {:.1?}; {} row changes made on the source ({} rows + {} by the workload); {applied} events captured and applied in {epochs} epochs (the snapshot reads each page as it is when read, so earlier changes are folded into it; a change that committed after the slot was made and before its page was read is captured twice and applied once)",
         started.elapsed(),
         made,
         args.rows,

@@ -35,6 +35,9 @@ fn explain_open(e: walsink::Error, wal: &Path) -> Box<dyn std::error::Error> {
     }
 }
 
+/// A check of one input line; the message says why it is refused.
+pub(crate) type LineCheck = fn(&[u8]) -> Result<(), String>;
+
 /// What a command built on `pipe` (`walsink cdc --input`) changes: its own target instead of
 /// `--sink`'s, and a check of every line before it is shipped.
 #[derive(Default)]
@@ -42,13 +45,13 @@ pub(crate) struct Hooks {
     /// The target, in place of parsing `--sink`.
     pub target: Option<Box<dyn crate::targets::Target>>,
     /// Refuses a line (the message says why) before it goes into the log.
-    pub check_line: Option<fn(&[u8]) -> Result<(), String>>,
+    pub check_line: Option<LineCheck>,
 }
 
 /// The state of one run between checkpoints.
 struct Run<'a> {
     args: &'a PipeArgs,
-    check_line: Option<fn(&[u8]) -> Result<(), String>>,
+    check_line: Option<LineCheck>,
     wal: &'a WalSink,
     source: Source,
     log_id: String,

@@ -152,9 +152,9 @@ pub fn check_log_dir(dir: &Path) -> CliResult<()> {
         return Err(format!("--wal {} exists and is not a directory", dir.display()).into());
     }
     let mut any = false;
-    // What a run killed while it created the log leaves behind (the lock, the identity
-    // file before its rename): the next run creates the log there.
-    let creating = [
+    // What a log's first open leaves when it is killed before its identity file is in place:
+    // the lock file and the identity's temporary file. Such a directory is still new.
+    let unborn = [
         walsink::format::LOCK_FILE.to_string(),
         format!("{}.tmp", walsink::format::IDENTITY_FILE),
     ];
@@ -165,7 +165,7 @@ pub fn check_log_dir(dir: &Path) -> CliResult<()> {
         if name == walsink::format::IDENTITY_FILE {
             return Ok(());
         }
-        any |= !creating.iter().any(|c| name == c.as_str());
+        any |= !unborn.iter().any(|u| name == u.as_str());
     }
     if any {
         return Err(format!(
@@ -208,6 +208,16 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("99999999999999999999s").is_err());
         assert!(parse_duration("x").is_err());
+    }
+
+    #[test]
+    fn a_log_killed_in_its_first_open_is_still_new() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("LOCK"), b"").unwrap();
+        std::fs::write(d.path().join("WALSINK.tmp"), b"half").unwrap();
+        assert!(check_log_dir(d.path()).is_ok());
+        std::fs::write(d.path().join("notes.txt"), b"mine").unwrap();
+        assert!(check_log_dir(d.path()).is_err());
     }
 
     #[test]

@@ -1,1 +1,283 @@
-fn main() {}
+//! Apply throughput, same run, interleaved rounds, over the same client (tokio-postgres)
+//! against the same server:
+//!
+//! - **walsink**: the change events sealed in a log (epochs of `--epoch` events) and delivered
+//!   by [`CdcSink`] (parse, plan, guarded set-based statements, marker, one transaction per
+//!   epoch); timed from sealed to committed;
+//! - **floor**: one transaction with one multi-row upsert of the same final rows (typed
+//!   arrays through `unnest`), plus one multi-row delete of the keys that end deleted;
+//! - **naive**: one statement per event (upsert or delete), in transactions of `--epoch`
+//!   events: what an at-least-once JDBC-style sink does.
+//!
+//! Reported: changes per second of each, and walsink's ratio to the floor and to the naive
+//! apply (median of the rounds, with min–max). Needs a PostgreSQL: `WALSINK_BENCH_URL`
+//! (default the shared server, `postgres://postgres@127.0.0.1:5432/test`).
+//!
+//! `cargo bench -p walsink-cdc --bench apply` (`-- --events N --rounds R --epoch E`).
+
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_postgres::{Client, NoTls};
+use walsink::{MemoryCommitStore, Options, WalSink};
+use walsink_cdc::{CdcSink, Config};
+
+/// An event: op, id, old id (key change), values.
+#[derive(Clone)]
+enum Ev {
+    Up { id: i32, v: String, n: i32 },
+    Del { id: i32 },
+}
+
+fn workload(n: usize, seed: u64) -> Vec<Ev> {
+    let mut rng = fastrand_like(seed);
+    let mut live: Vec<i32> = Vec::new();
+    let mut next = 0;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let r = rng() % 100;
+        if r < 70 || live.is_empty() {
+            next += 1;
+            live.push(next);
+            out.push(Ev::Up {
+                id: next,
+                v: format!("value {next} {}", "x".repeat(20)),
+                n: 1,
+            });
+        } else if r < 90 {
+            let id = live[(rng() as usize) % live.len()];
+            out.push(Ev::Up {
+                id,
+                v: format!("updated {}", rng() % 1000),
+                n: (rng() % 100) as i32,
+            });
+        } else {
+            let i = (rng() as usize) % live.len();
+            let id = live.swap_remove(i);
+            out.push(Ev::Del { id });
+        }
+    }
+    out
+}
+
+fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+fn line(e: &Ev, lsn: u64) -> Vec<u8> {
+    let (op, before, after) = match e {
+        Ev::Up { id, v, n } => (
+            "u",
+            serde_json::Value::Null,
+            json!({"id": id, "v": v, "n": n}),
+        ),
+        Ev::Del { id } => ("d", json!({"id": id}), serde_json::Value::Null),
+    };
+    json!({"before": before, "after": after, "op": op, "ts_ms": 0,
+           "source": {"db": "bench", "schema": "public", "table": "t", "lsn": lsn}})
+    .to_string()
+    .into_bytes()
+}
+
+async fn connect(url: &str) -> Client {
+    let (c, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("the bench needs PostgreSQL at {url} (WALSINK_BENCH_URL): {e}"));
+    tokio::spawn(conn);
+    c
+}
+
+async fn fresh(c: &Client, schema: &str) {
+    c.batch_execute(&format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}; \
+         CREATE TABLE {schema}.t (id int PRIMARY KEY, v text, n int);"
+    ))
+    .await
+    .unwrap();
+}
+
+async fn walsink_round(
+    url: &str,
+    c: &Client,
+    schema: &str,
+    lines: &[Vec<u8>],
+    epoch: usize,
+) -> Duration {
+    fresh(c, schema).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = WalSink::open_with(
+        Arc::new(walsink::storage::FsStorage::new(dir.path()).unwrap()),
+        Options::new("bench"),
+        Box::new(MemoryCommitStore::new()),
+    )
+    .unwrap();
+    let wal = Arc::new(wal);
+    for (i, chunk) in lines.chunks(epoch).enumerate() {
+        wal.append_batch(chunk.iter().map(Vec::as_slice)).unwrap();
+        wal.checkpoint(i as u64 + 1, b"").unwrap();
+        wal.checkpoint_complete(i as u64 + 1).unwrap();
+    }
+    let mut sink = CdcSink::connect(Config::from_url(&format!("{url}?schema={schema}")).unwrap())
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let n = walsink_tokio::deliver_ready(&wal, &mut sink).await.unwrap();
+    let d = t.elapsed();
+    let st = sink.stats();
+    eprintln!(
+        "  (walsink round: {d:.2?} = planning {:.2?} + statements {:.2?} ({} sent) + commits {:.2?} + the rest)",
+        st.planning, st.statements, st.sent, st.committing
+    );
+    assert_eq!(n, lines.len().div_ceil(epoch));
+    d
+}
+
+fn final_state(evs: &[Ev]) -> (Vec<(i32, String, i32)>, Vec<i32>) {
+    let mut m = std::collections::BTreeMap::new();
+    for e in evs {
+        match e {
+            Ev::Up { id, v, n } => {
+                m.insert(*id, Some((v.clone(), *n)));
+            }
+            Ev::Del { id } => {
+                m.insert(*id, None);
+            }
+        }
+    }
+    let mut up = Vec::new();
+    let mut del = Vec::new();
+    for (id, r) in m {
+        match r {
+            Some((v, n)) => up.push((id, v, n)),
+            None => del.push(id),
+        }
+    }
+    (up, del)
+}
+
+async fn floor_round(
+    c: &mut Client,
+    schema: &str,
+    state: &(Vec<(i32, String, i32)>, Vec<i32>),
+) -> Duration {
+    fresh(c, schema).await;
+    let t = Instant::now();
+    let ids: Vec<i32> = state.0.iter().map(|r| r.0).collect();
+    let vs: Vec<&str> = state.0.iter().map(|r| r.1.as_str()).collect();
+    let ns: Vec<i32> = state.0.iter().map(|r| r.2).collect();
+    let tx = c.transaction().await.unwrap();
+    tx.execute(
+        &format!(
+            "INSERT INTO {schema}.t SELECT * FROM unnest($1::int[], $2::text[], $3::int[]) \
+             ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v, n = EXCLUDED.n"
+        ),
+        &[&ids, &vs, &ns],
+    )
+    .await
+    .unwrap();
+    tx.execute(
+        &format!("DELETE FROM {schema}.t WHERE id = ANY($1)"),
+        &[&state.1],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    t.elapsed()
+}
+
+async fn naive_round(c: &mut Client, schema: &str, evs: &[Ev], epoch: usize) -> Duration {
+    fresh(c, schema).await;
+    let t = Instant::now();
+    let up = c
+        .prepare(&format!(
+            "INSERT INTO {schema}.t VALUES ($1, $2, $3) ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v, n = EXCLUDED.n"
+        ))
+        .await
+        .unwrap();
+    let del = c
+        .prepare(&format!("DELETE FROM {schema}.t WHERE id = $1"))
+        .await
+        .unwrap();
+    for chunk in evs.chunks(epoch) {
+        let tx = c.transaction().await.unwrap();
+        for e in chunk {
+            match e {
+                Ev::Up { id, v, n } => tx.execute(&up, &[id, v, n]).await.unwrap(),
+                Ev::Del { id } => tx.execute(&del, &[id]).await.unwrap(),
+            };
+        }
+        tx.commit().await.unwrap();
+    }
+    t.elapsed()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str, default: usize| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    if args.iter().any(|a| a == "--list") {
+        return; // `cargo test --benches` lists benches; nothing to list here
+    }
+    let events = arg("--events", 50_000);
+    let rounds = arg("--rounds", 5);
+    let epoch = arg("--epoch", 5_000).max(1);
+    let url = std::env::var("WALSINK_BENCH_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = connect(&url).await;
+        let evs = workload(events, 42);
+        let lines: Vec<Vec<u8>> = evs.iter().enumerate().map(|(i, e)| line(e, 1000 + i as u64)).collect();
+        let state = final_state(&evs);
+        let schema = format!("cdc_bench_{}", std::process::id());
+        let (mut w, mut f, mut nv) = (Vec::new(), Vec::new(), Vec::new());
+        for r in 0..rounds {
+            // Rotate the order so no mode always runs first.
+            for k in 0..3 {
+                match (r + k) % 3 {
+                    0 => w.push(walsink_round(&url, &c, &schema, &lines, epoch).await.as_secs_f64()),
+                    1 => f.push(floor_round(&mut c, &schema, &state).await.as_secs_f64()),
+                    _ => nv.push(naive_round(&mut c, &schema, &evs, epoch).await.as_secs_f64()),
+                }
+            }
+        }
+        c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).await.unwrap();
+        let rate = |t: f64| events as f64 / t;
+        let ratios = |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(x, y)| y / x).collect() };
+        let vs_floor = ratios(&w, &f);
+        let vs_naive = ratios(&w, &nv);
+        let mm = |v: &[f64]| (v.iter().cloned().fold(f64::MAX, f64::min), v.iter().cloned().fold(0.0, f64::max));
+        println!(
+            "apply of {events} change events ({} final rows, {} deletes), {rounds} interleaved rounds, epochs (and naive transactions) of {epoch} events",
+            state.0.len(),
+            state.1.len()
+        );
+        println!("  walsink cdc: {:>9.0} changes/s (median)", rate(median(w.clone())));
+        println!("  floor      : {:>9.0} changes/s (one multi-row upsert of the final rows)", rate(median(f.clone())));
+        println!("  naive      : {:>9.0} changes/s (one statement per event)", rate(median(nv.clone())));
+        let (lo, hi) = mm(&vs_floor);
+        println!("  walsink / floor: {:.2}x (min {lo:.2}, max {hi:.2})", median(vs_floor.clone()));
+        let (lo, hi) = mm(&vs_naive);
+        println!("  walsink / naive: {:.2}x (min {lo:.2}, max {hi:.2})", median(vs_naive.clone()));
+    });
+}

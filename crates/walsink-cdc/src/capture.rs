@@ -221,13 +221,16 @@ pub struct Batch {
     pub pos: SourcePos,
 }
 
+/// A table's columns (name, type OID) and its key columns.
+type TableColumns = (Vec<(String, u32)>, Vec<String>);
+
 /// A connection to the source.
 pub struct Capture {
     cfg: SourceConfig,
     client: Client,
     relations: HashMap<u32, Relation>,
     /// Per table: columns with types, key columns.
-    columns: HashMap<(String, String), (Vec<(String, u32)>, Vec<String>)>,
+    columns: HashMap<(String, String), TableColumns>,
 }
 
 impl std::fmt::Debug for Capture {
@@ -553,15 +556,18 @@ impl Capture {
     async fn changes(&mut self, pos: &SourcePos) -> Result<Batch, CaptureError> {
         let mut limit = self.cfg.read_changes;
         loop {
-            let rows = self
-                .client
-                .query(
+            let n32 = limit.min(i32::MAX as i64) as i32;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                [&self.cfg.slot, &n32, &self.cfg.publication];
+            let rows = while_busy(|| {
+                self.client.query(
                     "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2::int4, \
                      'proto_version', '1', 'publication_names', $3)",
-                    &[&self.cfg.slot, &(limit.min(i32::MAX as i64) as i32), &self.cfg.publication],
+                    &params,
                 )
-                .await
-                .map_err(server(format!("read the replication slot {}", self.cfg.slot)))?;
+            })
+            .await
+            .map_err(server(format!("read the replication slot {}", self.cfg.slot)))?;
             let n = rows.len() as i64;
             let batch = self.decode(pos, &rows)?;
             // Only transactions taken already, and the read was cut by the limit: the target
@@ -676,16 +682,19 @@ impl Capture {
             )));
         };
         if end_lsn > at {
-            self.client
-                .query(
+            let to = format_lsn(end_lsn);
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&self.cfg.slot, &to];
+            while_busy(|| {
+                self.client.query(
                     "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
-                    &[&self.cfg.slot, &format_lsn(end_lsn)],
+                    &params,
                 )
-                .await
-                .map_err(server(format!(
-                    "advance the replication slot {}",
-                    self.cfg.slot
-                )))?;
+            })
+            .await
+            .map_err(server(format!(
+                "advance the replication slot {}",
+                self.cfg.slot
+            )))?;
         }
         Ok(())
     }
@@ -699,6 +708,29 @@ impl Capture {
             .map_err(server("read the current WAL position"))?
             .get(0);
         Ok(crate::event::parse_lsn(&s).unwrap_or(0))
+    }
+}
+
+/// Runs `f` again while the slot is in use by another session (SQLSTATE 55006), for up to a
+/// minute: after a reader is killed, its server session keeps the slot until it notices, at
+/// the end of the statement it was running.
+async fn while_busy<T, F, Fut>(mut f: F) -> Result<T, tokio_postgres::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+{
+    let started = std::time::Instant::now();
+    loop {
+        match f().await {
+            Err(e)
+                if e.code().is_some_and(|c| c.code() == "55006")
+                    && started.elapsed() < std::time::Duration::from_secs(60) =>
+            {
+                tracing::debug!(error = %e, "replication slot busy; waiting");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            r => return r,
+        }
     }
 }
 

@@ -24,20 +24,37 @@ impl Comparison {
     }
 }
 
-/// Compares `source` with `replica` (each `schema.table`), both ways with `EXCEPT ALL`.
+/// Compares `source` with `replica` (each `schema.table`) on the source's columns, both ways
+/// with `EXCEPT ALL` (the replica's hidden `_walsink_pos` column is left out).
 pub async fn compare(
     c: &Client,
     source: (&str, &str),
     replica: (&str, &str),
 ) -> Result<Comparison, Error> {
-    let a = format!("{}.{}", ident(source.0), ident(source.1));
-    let b = format!("{}.{}", ident(replica.0), ident(replica.1));
+    let src = format!("{}.{}", ident(source.0), ident(source.1));
+    let cols: Vec<String> = c
+        .query(
+            "SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = to_regclass($1) \
+             AND a.attnum > 0 AND NOT a.attisdropped AND a.attname <> '_walsink_pos' ORDER BY a.attnum",
+            &[&src],
+        )
+        .await?
+        .iter()
+        .map(|r| ident(r.get(0)))
+        .collect();
+    let cols = cols.join(", ");
+    let a = format!("SELECT {cols} FROM {src}");
+    let b = format!(
+        "SELECT {cols} FROM {}.{}",
+        ident(replica.0),
+        ident(replica.1)
+    );
     let row = c
         .query_one(
             &format!(
-                "SELECT (SELECT count(*) FROM {a}), (SELECT count(*) FROM {b}), \
-                 (SELECT count(*) FROM (TABLE {a} EXCEPT ALL TABLE {b}) x), \
-                 (SELECT count(*) FROM (TABLE {b} EXCEPT ALL TABLE {a}) y)"
+                "SELECT (SELECT count(*) FROM ({a}) p), (SELECT count(*) FROM ({b}) q), \
+                 (SELECT count(*) FROM ({a} EXCEPT ALL {b}) x), \
+                 (SELECT count(*) FROM ({b} EXCEPT ALL {a}) y)"
             ),
             &[],
         )

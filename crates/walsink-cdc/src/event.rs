@@ -233,14 +233,14 @@ fn position(v: Option<&Value>, field: &PositionField) -> Result<u64, EventError>
     Ok(p)
 }
 
-fn image(payload: &Map<String, Value>, name: &str) -> Result<Option<Row>, EventError> {
-    match payload.get(name) {
+fn image(payload: &mut Map<String, Value>, name: &str) -> Result<Option<Row>, EventError> {
+    match payload.remove(name) {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(m)) => Ok(Some(m.clone())),
+        Some(Value::Object(m)) => Ok(Some(m)),
         Some(other) => Err(EventError::WrongType {
             field: name.into(),
             expected: "an object or null",
-            found: format!("{} {}", kind(other), short(other)),
+            found: format!("{} {}", kind(&other), short(&other)),
         }),
     }
 }
@@ -279,7 +279,7 @@ pub fn from_value(v: Value, field: &PositionField) -> Result<Option<Event>, Even
     let wrapped = top.contains_key("payload")
         && (top.contains_key("schema") || top.len() == 1)
         && !top.contains_key("op");
-    let payload = if wrapped {
+    let mut payload = if wrapped {
         match top.remove("payload") {
             Some(Value::Null) | None => return Ok(None),
             Some(Value::Object(m)) => m,
@@ -311,8 +311,8 @@ pub fn from_value(v: Value, field: &PositionField) -> Result<Option<Event>, Even
         at = at.and_then(|v| v.get(part));
     }
     let position = position(at, field)?;
-    let before = image(&payload, "before")?;
-    let after = image(&payload, "after")?;
+    let before = image(&mut payload, "before")?;
+    let after = image(&mut payload, "after")?;
     match op {
         Op::Create | Op::Read | Op::Update if after.is_none() => {
             return Err(EventError::Missing(format!("after (op {})", op.letter())))

@@ -281,7 +281,7 @@ pub fn decode(b: &[u8]) -> Result<Message, DecodeError> {
 /// target reads back through the column type's input function without loss.
 pub fn to_json(type_oid: u32, text: &str) -> Value {
     match type_oid {
-        16 => Value::Bool(text == "t"),
+        16 => Value::Bool(matches!(text, "t" | "true")),
         20 | 21 | 23 | 26 => text
             .parse::<i64>()
             .map(Value::from)
@@ -384,6 +384,8 @@ mod tests {
     #[test]
     fn values_as_json() {
         assert_eq!(to_json(16, "t"), Value::Bool(true));
+        assert_eq!(to_json(16, "true"), Value::Bool(true)); // boolean::text, as the snapshot reads it
+        assert_eq!(to_json(16, "f"), Value::Bool(false));
         assert_eq!(to_json(20, "-9000000000"), Value::from(-9_000_000_000i64));
         assert_eq!(to_json(1700, "1.50"), Value::from("1.50"));
         assert_eq!(to_json(3802, "{\"a\": 1}")["a"], 1);

@@ -150,10 +150,10 @@ impl Planner {
         self.held
     }
 
-    /// Adds one event for table `meta`, found at `at`.
+    /// Adds one event for table `meta`, found at `at` (its images are moved, not copied).
     pub fn push(
         &mut self,
-        e: &Event,
+        e: Event,
         meta: &TableMeta,
         at: RecordPosition,
     ) -> Result<(), PlanError> {
@@ -175,8 +175,8 @@ impl Planner {
                 self.offer(meta, k, Kind::Delete, Change { rank, row, at }, false);
             }
             Op::Create | Op::Read | Op::Update => {
-                let after = e.after.as_ref().expect("the parser checked after");
-                let k = key_of(after, meta, "after")?;
+                let after = e.after.expect("the parser checked after");
+                let k = key_of(&after, meta, "after")?;
                 if let (Op::Update, Some(before)) = (e.op, &e.before) {
                     // A key change: delete the old key first (a different key, so the order
                     // within the flush does not matter).
@@ -199,7 +199,7 @@ impl Planner {
                     Kind::Upsert,
                     Change {
                         rank,
-                        row: after.clone(),
+                        row: after,
                         at,
                     },
                     partial,
@@ -210,7 +210,10 @@ impl Planner {
     }
 
     fn offer(&mut self, meta: &TableMeta, k: String, kind: Kind, change: Change, partial: bool) {
-        let keys = self.tables.entry(meta.name.clone()).or_default();
+        if !self.tables.contains_key(&meta.name) {
+            self.tables.insert(meta.name.clone(), HashMap::new());
+        }
+        let keys = self.tables.get_mut(&meta.name).expect("inserted above");
         let (flush_first, new_key) = match keys.get(&k) {
             // Changes nothing, whatever the row holds.
             Some(w) if change.rank <= w.change.rank => return,
@@ -222,7 +225,10 @@ impl Planner {
         if flush_first {
             self.flush_table(&meta.name);
         }
-        let keys = self.tables.entry(meta.name.clone()).or_default();
+        let keys = match self.tables.get_mut(&meta.name) {
+            Some(keys) => keys,
+            None => self.tables.entry(meta.name.clone()).or_default(),
+        };
         keys.insert(k, Winner { kind, change });
         if new_key || flush_first {
             self.held += 1;
@@ -424,7 +430,7 @@ mod tests {
         .iter()
         .enumerate()
         {
-            p.push(e, &m, at(i as u64)).unwrap();
+            p.push(e.clone(), &m, at(i as u64)).unwrap();
         }
         let steps = p.drain();
         assert_eq!(steps.len(), 1, "{steps:?}");
@@ -438,7 +444,7 @@ mod tests {
     fn a_key_change_deletes_the_old_key() {
         let mut p = Planner::new();
         let m = meta();
-        p.push(&ev("u", 5, Some((1, 0)), Some((2, 9))), &m, at(0))
+        p.push(ev("u", 5, Some((1, 0)), Some((2, 9))), &m, at(0))
             .unwrap();
         let steps = p.drain();
         assert!(
@@ -456,7 +462,7 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let err = Planner::new().push(&e, &m, at(0)).unwrap_err();
+        let err = Planner::new().push(e, &m, at(0)).unwrap_err();
         assert_eq!(
             err,
             PlanError::NoKey {
@@ -505,7 +511,7 @@ mod tests {
             let mut got = base;
             let mut p = Planner::new();
             for (i, e) in events.iter().enumerate() {
-                p.push(e, &m, at(i as u64)).unwrap();
+                p.push(e.clone(), &m, at(i as u64)).unwrap();
                 if (i + 1) % flush_every == 0 {
                     for s in p.drain() { apply_step(&mut got, &s, &m); }
                 }

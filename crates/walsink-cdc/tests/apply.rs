@@ -231,6 +231,48 @@ async fn key_changes_and_delete_then_reinsert() {
     not(servers),
     ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
 )]
+async fn an_old_delete_loses_to_a_newer_row_and_leaves_nothing_that_matters() {
+    let mut t = Target::new("olddel", "").await;
+    t.epoch(&[ev("c", 20, None, Some((1, "new")))])
+        .await
+        .unwrap();
+    // A replayed delete older than the row, then a replayed insert between the two.
+    t.epoch(&[ev("d", 15, Some((1, "x")), None)]).await.unwrap();
+    t.epoch(&[ev("u", 18, None, Some((1, "between")))])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await, vec![row(1, "new")]);
+    t.epoch(&[ev("d", 25, Some((1, "new")), None)])
+        .await
+        .unwrap();
+    t.epoch(&[ev("c", 22, None, Some((1, "older than the delete")))])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await, vec![]);
+    t.epoch(&[ev("c", 30, None, Some((1, "back")))])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await, vec![row(1, "back")]);
+    // A row written before walsink (no rank) loses to any event.
+    t.admin
+        .batch_execute(&format!(
+            "INSERT INTO {}.t VALUES (7, 'manual', 70)",
+            t.schema
+        ))
+        .await
+        .unwrap();
+    t.epoch(&[ev("r", 1, None, Some((7, "snap")))])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await, vec![row(1, "back"), row(7, "snap")]);
+    t.drop_schema().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
 async fn truncate_then_replayed_older_inserts() {
     let mut t = Target::new("trunc", "").await;
     t.epoch(&[

@@ -122,6 +122,8 @@ fn join_error(e: tokio::task::JoinError) -> Error {
 #[derive(Debug)]
 pub struct AsyncCommitter {
     stop: watch::Sender<bool>,
+    /// Set while an epoch is between `next_step` and `finish`: a stop then cuts it short.
+    busy: Arc<std::sync::atomic::AtomicBool>,
     task: Option<tokio::task::JoinHandle<Deliverer>>,
     wal: Arc<WalSink>,
 }
@@ -129,8 +131,9 @@ pub struct AsyncCommitter {
 /// What [`AsyncCommitter::shutdown`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShutdownReport {
-    /// True when the committer stopped at an epoch boundary before the deadline; false
-    /// when the deadline cut a delivery short (that epoch is delivered again later).
+    /// True when the committer stopped at an epoch boundary (before the deadline, or idle
+    /// when it passed); false when the deadline cut a delivery step short (that epoch is
+    /// delivered again later).
     pub clean: bool,
     /// Sealed checkpoints not yet committed when it stopped, oldest first.
     pub pending: Vec<u64>,
@@ -154,9 +157,11 @@ pub fn spawn_committer<S: AsyncSink + 'static>(
         }
     });
     let (stop, stop_rx) = watch::channel(false);
-    let task = tokio::spawn(run(d, sink, stop_rx, wake));
+    let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let task = tokio::spawn(run(d, sink, stop_rx, wake, busy.clone()));
     Ok(AsyncCommitter {
         stop,
+        busy,
         task: Some(task),
         wal: wal.clone(),
     })
@@ -167,11 +172,15 @@ async fn run<S: AsyncSink>(
     mut sink: S,
     mut stop: watch::Receiver<bool>,
     wake: Arc<Notify>,
+    busy: Arc<std::sync::atomic::AtomicBool>,
 ) -> Deliverer {
+    use std::sync::atomic::Ordering;
     let mut attempt = 0u32;
     let mut rng = fastrand::Rng::new();
     while !*stop.borrow() {
+        busy.store(true, Ordering::Release);
         let (back, r) = step(d, &mut sink).await;
+        busy.store(false, Ordering::Release);
         d = back;
         match r {
             Ok(Step::Done) => attempt = 0,
@@ -224,9 +233,13 @@ impl AsyncCommitter {
             }
             Ok(Err(_)) => false,
             Err(_) => {
+                // Cut short only if a step was under way; an idle committer (waiting for
+                // work or backing off) is at an epoch boundary, and what it delivered is
+                // marked by the next deliverer.
+                let cut = self.busy.load(std::sync::atomic::Ordering::Acquire);
                 task.abort();
                 let _ = task.await;
-                false
+                !cut
             }
         };
         let h = self.wal.health();

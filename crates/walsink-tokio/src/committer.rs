@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tracing::Instrument;
-use walsink::{Deliverer, Epoch, Error, Next, Pending, Result, WalSink};
+use walsink::{Deliverer, Epoch, Next, Pending, Result, WalSink};
 
 /// Runs `f` with the deliverer on the blocking pool and hands it back.
 async fn blocking<T: Send + 'static>(
@@ -89,7 +89,7 @@ pub async fn deliver_ready<S: AsyncSink>(wal: &Arc<WalSink>, sink: &mut S) -> Re
     let wal2 = wal.clone();
     let mut d = tokio::task::spawn_blocking(move || wal2.deliverer())
         .await
-        .map_err(join_error)??;
+        .map_err(crate::join_error)??;
     let mut n = 0;
     loop {
         let (back, r) = step(d, sink).await;
@@ -104,13 +104,6 @@ pub async fn deliver_ready<S: AsyncSink>(wal: &Arc<WalSink>, sink: &mut S) -> Re
             }
         }
     }
-}
-
-fn join_error(e: tokio::task::JoinError) -> Error {
-    Error::io(
-        "a task on tokio's blocking pool",
-        std::io::Error::other(e.to_string()),
-    )
 }
 
 /// A committer task delivering one log into an [`AsyncSink`]; from

@@ -138,15 +138,10 @@ fn sync_loop(wal: &WalSink, rx: &mpsc::Receiver<SyncRequest>) {
     }
 }
 
-fn join_error(e: tokio::task::JoinError) -> Error {
-    Error::io(
-        "a task on tokio's blocking pool",
-        std::io::Error::other(e.to_string()),
-    )
-}
-
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(f).await.map_err(join_error)?
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(crate::join_error)?
 }
 
 impl AsyncWal {

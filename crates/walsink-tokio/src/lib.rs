@@ -28,3 +28,11 @@ pub use handle::AsyncWal;
 pub use sink::{AsyncChunks, AsyncSink};
 pub use typed::{Codec, DecodeError, Json, Postcard, TypedWal};
 pub use walsink;
+
+/// A task on tokio's blocking pool that panicked or was cancelled, as the crate's error.
+pub(crate) fn join_error(e: tokio::task::JoinError) -> walsink::Error {
+    walsink::Error::io(
+        "a task on tokio's blocking pool",
+        std::io::Error::other(e.to_string()),
+    )
+}

@@ -93,10 +93,7 @@ impl AsyncChunks {
                 self.inner = Some(it);
                 next
             }
-            Err(e) => Some(Err(walsink::Error::io(
-                "read an epoch on the blocking pool",
-                std::io::Error::other(e.to_string()),
-            ))),
+            Err(e) => Some(Err(crate::join_error(e))),
         }
     }
 }

@@ -77,6 +77,9 @@ const TABLES: &str = "walsink_cdc_tables";
 
 impl CdcSink {
     /// Connects and creates the bookkeeping tables if they are missing.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a connection half set up is dropped, and the next call connects anew.
     pub async fn connect(config: Config) -> Result<CdcSink, SinkError> {
         let marker = MarkerTable::new(
             TableName::parse(
@@ -166,6 +169,11 @@ impl CdcSink {
     }
 
     /// Runs `statements` on the target in one transaction (to create the replica tables).
+    ///
+    /// # Cancel safety
+    /// If dropped, the transaction is rolled back (tokio-postgres rolls back a transaction
+    /// dropped uncommitted) unless its COMMIT was already sent; check the target before
+    /// running the statements again.
     pub async fn execute(&mut self, statements: &[String]) -> Result<(), SinkError> {
         let c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| classify(e, "begin"))?;
@@ -181,6 +189,9 @@ impl CdcSink {
 
     /// The epochs the target holds for `(sink_id, subtask)`, oldest first, with their
     /// checkpoint metadata (for resuming).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; call it again.
     pub async fn committed(
         &mut self,
         sink_id: &str,

@@ -249,6 +249,9 @@ fn now_ms() -> u64 {
 
 impl Capture {
     /// Connects to the source and reads the tables' columns and keys.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a connection half set up is dropped, and the next call connects anew.
     pub async fn connect(cfg: SourceConfig) -> Result<Capture, CaptureError> {
         let (client, conn) = cfg
             .url
@@ -318,6 +321,9 @@ impl Capture {
 
     /// `CREATE TABLE IF NOT EXISTS` statements for the target schema, from the source
     /// tables' columns, types, `NOT NULL`s and primary keys.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; call it again.
     pub async fn target_ddl(&self, target_schema: &str) -> Result<Vec<String>, CaptureError> {
         let mut out = Vec::new();
         for t in &self.cfg.tables {
@@ -353,6 +359,9 @@ impl Capture {
     }
 
     /// The slot's state: its confirmed position, or `None` when there is no such slot.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; call it again.
     pub async fn slot_position(&self) -> Result<Option<u64>, CaptureError> {
         let row = self
             .client
@@ -381,6 +390,10 @@ impl Capture {
     /// Starts a capture from nothing: creates the publication (if missing), then the slot
     /// (if missing), and returns the position before the snapshot's first page. See the
     /// module docs for why this order leaves no gap.
+    ///
+    /// # Cancel safety
+    /// If dropped, the publication or the slot may already exist; both are created only when
+    /// missing, so call it again.
     pub async fn start(&mut self) -> Result<SourcePos, CaptureError> {
         let level: String = self
             .client
@@ -448,6 +461,10 @@ impl Capture {
 
     /// Reads the next snapshot page (`op: r` events) after `pos`, or the stream's next
     /// transactions once the snapshot is done.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it reads (the slot is peeked, never consumed, and a snapshot page is a
+    /// query); call it again with the same position.
     pub async fn next(&mut self, pos: &SourcePos) -> Result<Batch, CaptureError> {
         match &pos.snapshot {
             Some(s) => self.snapshot_page(pos, s.clone()).await,
@@ -674,6 +691,10 @@ impl Capture {
 
     /// Moves the slot to `end_lsn` (the end of a transaction whose epoch the target
     /// committed), if it is not there already. The server may then recycle the WAL before it.
+    ///
+    /// # Cancel safety
+    /// If dropped, the slot may or may not have moved; moving it is idempotent (it never moves
+    /// back), so call it again.
     pub async fn advance(&mut self, end_lsn: u64) -> Result<(), CaptureError> {
         let Some(at) = self.slot_position().await? else {
             return Err(CaptureError::State(format!(
@@ -700,6 +721,9 @@ impl Capture {
     }
 
     /// The source's current WAL position (for waiting until the stream caught up).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; call it again.
     pub async fn current_lsn(&self) -> Result<u64, CaptureError> {
         let s: String = self
             .client

@@ -26,6 +26,9 @@ impl Comparison {
 
 /// Compares `source` with `replica` (each `schema.table`) on the source's columns, both ways
 /// with `EXCEPT ALL` (the replica's hidden `_walsink_pos` column is left out).
+///
+/// # Cancel safety
+/// Cancel safe: it only reads; call it again.
 pub async fn compare(
     c: &Client,
     source: (&str, &str),
@@ -70,6 +73,9 @@ pub async fn compare(
 
 /// The epochs committed for `sink_id` (all subtasks) and the events they held, from the
 /// marker table in `schema`.
+///
+/// # Cancel safety
+/// Cancel safe: it only reads; call it again.
 pub async fn applied(c: &Client, schema: &str, sink_id: &str) -> Result<(u64, u64), Error> {
     let row = c
         .query_one(

@@ -126,11 +126,17 @@ pub struct Tls {
 
 impl Receiver {
     /// Starts a plain HTTP receiver on `127.0.0.1` (a free port) on the current runtime.
+    ///
+    /// # Cancel safety
+    /// If dropped, the listener is closed and nothing is left running.
     pub async fn start(mode: Mode) -> std::io::Result<Receiver> {
         Self::start_with(mode, None).await
     }
 
     /// Starts a receiver, over TLS when `tls` is given.
+    ///
+    /// # Cancel safety
+    /// If dropped, the listener is closed and nothing is left running.
     pub async fn start_with(mode: Mode, tls: Option<Tls>) -> std::io::Result<Receiver> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;

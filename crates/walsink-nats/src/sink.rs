@@ -111,6 +111,9 @@ impl NatsSink {
 
     /// Connects now, checks that the stream exists (creating it with [`Config::create`]),
     /// and reads its duplicate window.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a connection half set up is dropped, and the next call connects anew.
     pub async fn connect(&mut self) -> Result<(), SinkError> {
         self.stream_window().await.map(|_| ())
     }

@@ -74,6 +74,9 @@ impl MarkerTable {
 
     /// Creates the table if it is missing (idempotent; concurrent creators are fine: a
     /// duplicate-type race is reported by the server as 23505/42P07 and ignored).
+    ///
+    /// # Cancel safety
+    /// If dropped, the statement may or may not have run; it is idempotent, so call it again.
     pub async fn create<C: GenericClient + Sync>(&self, c: &C) -> Result<(), Error> {
         let sql = format!(
             "CREATE TABLE IF NOT EXISTS {} (
@@ -101,6 +104,9 @@ impl MarkerTable {
     }
 
     /// Whether the target holds the epoch `key` (its marker is committed).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; call it again.
     pub async fn is_committed<C: GenericClient + Sync>(
         &self,
         c: &C,
@@ -124,6 +130,9 @@ impl MarkerTable {
     }
 
     /// Every committed epoch of `(sink_id, subtask)`, oldest first.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; call it again.
     pub async fn committed<C: GenericClient + Sync>(
         &self,
         c: &C,
@@ -135,6 +144,9 @@ impl MarkerTable {
     }
 
     /// The newest committed epoch of `(sink_id, subtask)`, with its metadata.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; call it again.
     pub async fn latest<C: GenericClient + Sync>(
         &self,
         c: &C,
@@ -174,6 +186,10 @@ impl MarkerTable {
     /// it. Returns `false` when the marker is already there: the epoch is committed (by an
     /// earlier attempt whose acknowledgement was lost, or by a concurrent writer, whose
     /// transaction this call waited for), and the caller must roll back and write nothing.
+    ///
+    /// # Cancel safety
+    /// If dropped, the marker row may or may not be written inside the caller's transaction;
+    /// the caller rolls that transaction back (it must not commit after a dropped call).
     pub async fn write<C: GenericClient + Sync>(
         &self,
         tx: &C,
@@ -203,6 +219,9 @@ impl MarkerTable {
     /// Deletes the markers of `(sink_id, subtask)` below checkpoint `below`, keeping the
     /// newer ones (walsink asks only about epochs it has not marked in its own commit store,
     /// and pipe resumes from the newest marker). Returns how many rows went.
+    ///
+    /// # Cancel safety
+    /// If dropped, the statement may or may not have run; it is idempotent, so call it again.
     pub async fn prune<C: GenericClient + Sync>(
         &self,
         c: &C,

@@ -263,6 +263,9 @@ impl PgSink {
 
     /// The epochs the target holds for `(sink_id, subtask)`, oldest first, with their
     /// checkpoint metadata (from the marker table; empty when it does not exist yet).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; call it again.
     pub async fn committed(
         &mut self,
         sink_id: &str,
@@ -281,6 +284,9 @@ impl PgSink {
     /// The prepared transactions of `(sink_id, subtask)` on the server, oldest first, and
     /// the status they make (also stored for [`PgSink::prepared_status`]; a warning is
     /// logged when the oldest is past `prepared_warn_after`).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; call it again.
     pub async fn check_prepared(
         &mut self,
         sink_id: &str,
@@ -336,6 +342,10 @@ impl PgSink {
     /// (`keep`: the checkpoint is in the recovery report's `pending`) and after
     /// `WalSink::restore`; the prepared transaction of a pending epoch is committed by the
     /// epoch's delivery without writing its rows again. Returns the global ids rolled back.
+    ///
+    /// # Cancel safety
+    /// If dropped, some voided prepared transactions may already be rolled back (each rollback
+    /// is atomic); call it again to finish.
     pub async fn roll_back_voided(
         &mut self,
         sink_id: &str,

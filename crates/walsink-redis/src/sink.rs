@@ -107,6 +107,9 @@ impl RedisSink {
 
     /// Opens the connection now (it is otherwise opened on first use), so a wrong address
     /// or password shows before the first epoch.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a connection half set up is dropped, and the next call connects anew.
     pub async fn connect(&mut self) -> Result<(), SinkError> {
         self.conn().await.map(|_| ())
     }
@@ -156,6 +159,9 @@ impl RedisSink {
     }
 
     /// The marker of `(sink_id, subtask)`, if the target has one.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; call it again.
     pub async fn marker(
         &mut self,
         sink_id: &str,
@@ -182,6 +188,9 @@ impl RedisSink {
 
     /// The newest epoch of `(sink_id, subtask)` the target holds whole, with its checkpoint
     /// metadata, or `None` when it holds none.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; call it again.
     pub async fn committed(
         &mut self,
         sink_id: &str,

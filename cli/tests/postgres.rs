@@ -237,9 +237,16 @@ fn an_incompatible_table_is_a_permanent_error_and_the_records_wait() {
     assert!(!out.contains("hunter2"), "{out}");
     let o = walsink(&["inspect", s(&wal), "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(
-        v["backlog"]["records"], 500,
+    // The pipe stops reading once the target fails permanently, so how much of the input
+    // it read first depends on timing; what it read must all wait in the log, undelivered.
+    assert!(v["committed"].is_null(), "nothing was committed: {v}");
+    assert!(
+        v["backlog"]["records"].as_u64().unwrap_or(0) > 0,
         "the records wait in the log: {v}"
+    );
+    assert_eq!(
+        v["backlog"]["records"], v["records"],
+        "every record read waits in the log: {v}"
     );
     psql(
         SHARED,

@@ -15,6 +15,7 @@
 //! (measured: 2.5× the time of the same upsert). The replica's own columns stay exactly the
 //! source's; compare them by column list ([`crate::check::compare`]).
 
+use crate::columns::ColumnKind;
 use crate::config::{ident, Config};
 use crate::event::{self, BadEvent, Event, Op};
 use crate::plan::{Planner, Step, TableMeta};
@@ -37,7 +38,7 @@ pub struct CdcSink {
     client: Option<Client>,
     /// Table metadata, valid for this connection until a delivery fails (an `ALTER` may have
     /// been rolled back).
-    tables: HashMap<String, TableMeta>,
+    tables: HashMap<String, Target>,
     statements: HashMap<(String, u8, Vec<String>), Statement>,
     stats: Stats,
 }
@@ -68,6 +69,14 @@ pub struct Stats {
     pub events: u64,
     /// Statements sent for changes.
     pub sent: u64,
+}
+
+/// A target table as the statements need it: the planner's view and how each column's values
+/// are sent.
+#[derive(Debug)]
+struct Target {
+    meta: TableMeta,
+    kinds: HashMap<String, ColumnKind>,
 }
 
 const TOMBS: &str = "walsink_cdc_tombstones";
@@ -264,7 +273,7 @@ impl CdcSink {
                 stats.events += 1;
                 table_meta(&tx, tables, &schema, &ev, rec.position, add_missing).await?;
                 let source_position = ev.position;
-                let meta = &tables[&ev.table];
+                let meta = &tables[&ev.table].meta;
                 planner.push(ev, meta, rec.position).map_err(|e| {
                     SinkError::permanent(format!(
                         "event at checkpoint {}, index {} (source position {source_position}): {e}",
@@ -322,7 +331,7 @@ fn where_(ev: &Event, at: RecordPosition) -> String {
 /// missing columns when allowed).
 async fn table_meta(
     tx: &Transaction<'_>,
-    tables: &mut HashMap<String, TableMeta>,
+    tables: &mut HashMap<String, Target>,
     schema: &str,
     ev: &Event,
     at: RecordPosition,
@@ -336,7 +345,7 @@ async fn table_meta(
                 where_(ev, at)
             ))
         })?;
-        if meta.key.is_empty() {
+        if meta.meta.key.is_empty() {
             return Err(SinkError::permanent(format!(
                 "table {qualified} has no primary key ({}); changes are applied by primary key",
                 where_(ev, at)
@@ -344,7 +353,7 @@ async fn table_meta(
         }
         tables.insert(ev.table.clone(), meta);
     }
-    let meta = &tables[&ev.table];
+    let meta = &tables[&ev.table].meta;
     let image = match ev.op {
         Op::Delete => ev.before.as_ref(),
         Op::Truncate => None,
@@ -401,31 +410,49 @@ async fn load_meta(
     tx: &Transaction<'_>,
     schema: &str,
     table: &str,
-) -> Result<Option<TableMeta>, SinkError> {
+) -> Result<Option<Target>, SinkError> {
     let q = format!("{}.{}", ident(schema), ident(table));
+    // Each column with its type as SQL writes it, and the category and name of the type a
+    // domain rests on (the type itself otherwise): what `ColumnKind` needs.
     let read = || async {
         tx.query(
-            "SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = to_regclass($1) \
-             AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), b.typcategory::text, b.typname::text \
+             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+             JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END \
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             &[&q],
         )
         .await
         .map_err(|e| classify(e, &format!("read the columns of {q}")))
     };
-    let mut cols: Vec<String> = read().await?.iter().map(|r| r.get(0)).collect();
-    if cols.is_empty() {
+    let mut rows = read().await?;
+    if rows.is_empty() {
         return Ok(None);
     }
-    if !cols.iter().any(|c| c == POS) {
+    if !rows.iter().any(|r| r.get::<_, String>(0) == POS) {
         // The guard's hidden column, added in the epoch's transaction.
         tx.batch_execute(&format!(
             "ALTER TABLE {q} ADD COLUMN IF NOT EXISTS {POS} bigint"
         ))
         .await
         .map_err(|e| classify(e, &format!("add the column {POS} to {q}")))?;
-        cols = read().await?.iter().map(|r| r.get(0)).collect();
+        rows = read().await?;
     }
-    cols.retain(|c| c != POS);
+    let mut cols = Vec::with_capacity(rows.len());
+    let mut kinds = HashMap::with_capacity(rows.len());
+    for r in rows {
+        let name: String = r.get(0);
+        if name == POS {
+            continue;
+        }
+        let category: String = r.get(2);
+        let base: String = r.get(3);
+        kinds.insert(
+            name.clone(),
+            ColumnKind::from_catalog(r.get(1), &category, &base),
+        );
+        cols.push(name);
+    }
     let key = tx
         .query(
             "SELECT a.attname::text FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, n), pg_attribute a \
@@ -435,17 +462,20 @@ async fn load_meta(
         )
         .await
         .map_err(|e| classify(e, &format!("read the primary key of {q}")))?;
-    Ok(Some(TableMeta {
-        name: table.to_string(),
-        columns: cols,
-        key: key.iter().map(|r| r.get(0)).collect(),
+    Ok(Some(Target {
+        meta: TableMeta {
+            name: table.to_string(),
+            columns: cols,
+            key: key.iter().map(|r| r.get(0)).collect(),
+        },
+        kinds,
     }))
 }
 
 const UPSERT: u8 = 0;
 const DELETE: u8 = 1;
 
-/// The rows of one statement: `[{"p": rank, "r": image}, …]`.
+/// The rows of a statement that reads them from JSON: `[{"p": rank, "r": image}, …]`.
 fn payload(rows: Vec<crate::plan::Change>) -> Value {
     Value::Array(
         rows.into_iter()
@@ -454,8 +484,29 @@ fn payload(rows: Vec<crate::plan::Change>) -> Value {
     )
 }
 
+/// Whether every column of `columns` can be sent as a typed array (see [`ColumnKind`]).
+fn typed(target: &Target, columns: &[String]) -> bool {
+    columns
+        .iter()
+        .all(|c| target.kinds.get(c).is_some_and(ColumnKind::typed))
+}
+
+/// The columns a step of `kind` sends.
+fn step_columns<'a>(target: &'a Target, kind: u8, columns: &'a [String]) -> &'a [String] {
+    if kind == DELETE {
+        &target.meta.key
+    } else {
+        columns
+    }
+}
+
 /// The guarded statement for one kind of step, written once per table, kind and column set.
-fn statement_sql(schema: &str, meta: &TableMeta, kind: u8, columns: &[String]) -> String {
+///
+/// The rows come as one array per column (`$1` the ranks, `$3…` the columns' text, cast on
+/// the server) or, when a column needs it, as one JSON array (`$1`); `$2` is the table's name
+/// in the bookkeeping tables.
+fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) -> String {
+    let meta = &target.meta;
     let s = ident(schema);
     let t = format!("{s}.{}", ident(&meta.name));
     let list = |prefix: &str, cols: &[String]| {
@@ -465,12 +516,35 @@ fn statement_sql(schema: &str, meta: &TableMeta, kind: u8, columns: &[String]) -
             .join(", ")
     };
     let key_row = list("v.", &meta.key);
-    // The rows above the table's watermark, with their ranks.
-    let v = format!(
-        "v AS (SELECT r.*, (e->>'p')::bigint AS _ws_rank \
-         FROM jsonb_array_elements($1::jsonb) e, LATERAL jsonb_populate_record(NULL::{t}, e->'r') r \
-         WHERE (e->>'p')::bigint > coalesce((SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $2), -9223372036854775808))"
+    let above = format!(
+        "> coalesce((SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $2), -9223372036854775808)"
     );
+    let sent = step_columns(target, kind, columns);
+    // The rows above the table's watermark, with their ranks.
+    let v = if typed(target, sent) {
+        let arrays: String = (0..sent.len())
+            .map(|i| format!(", ${}::text[]", i + 3))
+            .collect();
+        let names: String = (0..sent.len()).map(|i| format!(", c{i}")).collect();
+        let casts: String = sent
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let ty = target.kinds[c].cast().expect("typed() checked");
+                format!(", u.c{i}::{ty} AS {}", ident(c))
+            })
+            .collect();
+        format!(
+            "v AS (SELECT u._ws_rank{casts} FROM unnest($1::bigint[]{arrays}) AS u(_ws_rank{names}) \
+             WHERE u._ws_rank {above})"
+        )
+    } else {
+        format!(
+            "v AS (SELECT r.*, (e->>'p')::bigint AS _ws_rank \
+             FROM jsonb_array_elements($1::jsonb) e, LATERAL jsonb_populate_record(NULL::{t}, e->'r') r \
+             WHERE (e->>'p')::bigint {above})"
+        )
+    };
     let older = format!("(t.{POS} IS NULL OR t.{POS} < v._ws_rank)");
     if kind == DELETE {
         let on = meta
@@ -507,7 +581,7 @@ fn statement_sql(schema: &str, meta: &TableMeta, kind: u8, columns: &[String]) -
 async fn run(
     tx: &Transaction<'_>,
     statements: &mut HashMap<(String, u8, Vec<String>), Statement>,
-    tables: &HashMap<String, TableMeta>,
+    tables: &HashMap<String, Target>,
     schema: &str,
     steps: Vec<Step>,
     stats: &mut Stats,
@@ -521,7 +595,7 @@ async fn run(
 async fn run_steps(
     tx: &Transaction<'_>,
     statements: &mut HashMap<(String, u8, Vec<String>), Statement>,
-    tables: &HashMap<String, TableMeta>,
+    tables: &HashMap<String, Target>,
     schema: &str,
     steps: Vec<Step>,
     stats: &mut Stats,
@@ -530,7 +604,7 @@ async fn run_steps(
         stats.sent += 1;
         match step {
             Step::Truncate { table, rank, at } => {
-                truncate(tx, schema, &tables[&table], rank, at).await?
+                truncate(tx, schema, &tables[&table].meta, rank, at).await?
             }
             Step::Deletes { table, rows } | Step::Upserts { table, rows, .. }
                 if rows.is_empty() =>
@@ -538,27 +612,64 @@ async fn run_steps(
                 let _ = table;
             }
             Step::Deletes { table, rows } => {
-                let meta = &tables[&table];
-                let st = prepare(tx, statements, schema, meta, DELETE, &[]).await?;
-                let ctx = failed("delete from", schema, &table, &rows);
-                tx.execute(&st, &[&payload(rows), &table])
-                    .await
-                    .map_err(|e| classify(e, &ctx))?;
+                let target = &tables[&table];
+                send(tx, statements, schema, target, DELETE, &[], rows).await?;
             }
             Step::Upserts {
                 table,
                 columns,
                 rows,
             } => {
-                let meta = &tables[&table];
-                let st = prepare(tx, statements, schema, meta, UPSERT, &columns).await?;
-                let ctx = failed("upsert into", schema, &table, &rows);
-                tx.execute(&st, &[&payload(rows), &table])
-                    .await
-                    .map_err(|e| classify(e, &ctx))?;
+                let target = &tables[&table];
+                send(tx, statements, schema, target, UPSERT, &columns, rows).await?;
             }
         }
     }
+    Ok(())
+}
+
+/// Runs one step's statement with its rows.
+async fn send(
+    tx: &Transaction<'_>,
+    statements: &mut HashMap<(String, u8, Vec<String>), Statement>,
+    schema: &str,
+    target: &Target,
+    kind: u8,
+    columns: &[String],
+    rows: Vec<crate::plan::Change>,
+) -> Result<(), SinkError> {
+    let what = if kind == DELETE {
+        "delete from"
+    } else {
+        "upsert into"
+    };
+    let table = &target.meta.name;
+    let ctx = failed(what, schema, table, &rows);
+    let st = prepare(tx, statements, schema, target, kind, columns).await?;
+    let sent = step_columns(target, kind, columns);
+    let r = if typed(target, sent) {
+        let ranks: Vec<i64> = rows.iter().map(|c| c.rank).collect();
+        let arrays: Vec<Vec<Option<String>>> = sent
+            .iter()
+            .map(|c| {
+                let k = &target.kinds[c];
+                rows.iter().map(|r| k.text(r.row.get(c))).collect()
+            })
+            .collect();
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            Vec::with_capacity(arrays.len() + 2);
+        params.push(&ranks);
+        params.push(table);
+        params.extend(
+            arrays
+                .iter()
+                .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync)),
+        );
+        tx.execute(&st, &params).await
+    } else {
+        tx.execute(&st, &[&payload(rows), table]).await
+    };
+    r.map_err(|e| classify(e, &ctx))?;
     Ok(())
 }
 
@@ -579,15 +690,16 @@ async fn prepare(
     tx: &Transaction<'_>,
     statements: &mut HashMap<(String, u8, Vec<String>), Statement>,
     schema: &str,
-    meta: &TableMeta,
+    target: &Target,
     kind: u8,
     columns: &[String],
 ) -> Result<Statement, SinkError> {
+    let meta = &target.meta;
     let key = (meta.name.clone(), kind, columns.to_vec());
     if let Some(s) = statements.get(&key) {
         return Ok(s.clone());
     }
-    let sql = statement_sql(schema, meta, kind, columns);
+    let sql = statement_sql(schema, target, kind, columns);
     let st = tx.prepare(&sql).await.map_err(|e| {
         classify(
             e,
@@ -670,19 +782,47 @@ mod tests {
             columns: vec!["id".into(), "name".into()],
             key: vec!["id".into()],
         };
-        let up = statement_sql("r", &meta, UPSERT, &["id".into(), "name".into()]);
+        let kinds = [
+            ("id", "integer", "N", "int4"),
+            ("name", "text", "S", "text"),
+        ]
+        .iter()
+        .map(|(c, t, cat, base)| {
+            (
+                c.to_string(),
+                ColumnKind::from_catalog(t.to_string(), cat, base),
+            )
+        })
+        .collect();
+        let mut target = Target { meta, kinds };
+        let up = statement_sql("r", &target, UPSERT, &["id".into(), "name".into()]);
         assert!(
             up.contains("ON CONFLICT (\"id\") DO UPDATE SET \"name\" = EXCLUDED.\"name\""),
             "{up}"
         );
         assert!(up.contains("x.pos >= v._ws_rank"), "{up}");
-        let only_key = statement_sql("r", &meta, UPSERT, &["id".into()]);
+        assert!(
+            up.contains("u.c0::integer AS \"id\", u.c1::text AS \"name\"")
+                && up.contains("unnest($1::bigint[], $3::text[], $4::text[])"),
+            "{up}"
+        );
+        let only_key = statement_sql("r", &target, UPSERT, &["id".into()]);
         assert!(
             only_key.contains("DO UPDATE SET _walsink_pos = EXCLUDED._walsink_pos WHERE"),
             "{only_key}"
         );
-        let del = statement_sql("r", &meta, DELETE, &[]);
+        let del = statement_sql("r", &target, DELETE, &[]);
         assert!(del.contains("DELETE FROM \"r\".\"items\" t"), "{del}");
+        assert!(del.contains("unnest($1::bigint[], $3::text[])"), "{del}");
+        // An array column sends the rows that touch it through JSON.
+        target.kinds.insert(
+            "name".into(),
+            ColumnKind::from_catalog("text[]".into(), "A", "_text"),
+        );
+        let up = statement_sql("r", &target, UPSERT, &["id".into(), "name".into()]);
+        assert!(up.contains("jsonb_populate_record"), "{up}");
+        let del = statement_sql("r", &target, DELETE, &[]);
+        assert!(del.contains("unnest($1::bigint[], $3::text[])"), "{del}");
         assert_eq!(sql_type(&json!(1)), "bigint");
         assert_eq!(sql_type(&json!("x")), "text");
     }

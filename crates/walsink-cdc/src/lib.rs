@@ -18,6 +18,7 @@
 mod apply;
 pub mod capture;
 pub mod check;
+mod columns;
 pub mod config;
 pub mod event;
 pub mod pgoutput;

@@ -15,7 +15,7 @@
 
 use crate::event::{Event, Op, Row};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use walsink::RecordPosition;
 
 /// What the planner needs to know of a target table.
@@ -119,11 +119,13 @@ pub struct Planner {
 }
 
 /// The canonical text of a key: each key column's value as text (a string as itself, a number
-/// or boolean as written), so `"7"` and `7` name the same key, as they do once cast.
+/// or boolean as written), so `"7"` and `7` name the same key, as they do once cast. Each part
+/// is written as its length, `:`, and itself, so no two keys share a text.
 pub fn key_of(row: &Row, meta: &TableMeta, image: &'static str) -> Result<String, PlanError> {
-    let mut parts = Vec::with_capacity(meta.key.len());
+    use std::fmt::Write;
+    let mut k = String::new();
     for c in &meta.key {
-        let v = match row.get(c) {
+        let part = match row.get(c) {
             None | Some(Value::Null) => {
                 return Err(PlanError::NoKey {
                     table: meta.name.clone(),
@@ -131,12 +133,12 @@ pub fn key_of(row: &Row, meta: &TableMeta, image: &'static str) -> Result<String
                     column: c.clone(),
                 })
             }
-            Some(Value::String(s)) => s.clone(),
-            Some(other) => other.to_string(),
+            Some(Value::String(s)) => std::borrow::Cow::Borrowed(s.as_str()),
+            Some(other) => std::borrow::Cow::Owned(other.to_string()),
         };
-        parts.push(v);
+        let _ = write!(k, "{}:{part}", part.len());
     }
-    Ok(serde_json::to_string(&parts).expect("strings serialize"))
+    Ok(k)
 }
 
 impl Planner {
@@ -240,19 +242,27 @@ impl Planner {
             return;
         };
         let mut deletes = Vec::new();
-        let mut upserts: BTreeMap<Vec<String>, Vec<Change>> = BTreeMap::new();
+        // Grouped by column set (a row's columns come sorted: `Row` is ordered by name); most
+        // tables have one or two sets, so a short list beats a map keyed by a copy of them.
+        let mut upserts: Vec<(Vec<String>, Vec<Change>)> = Vec::new();
         let mut winners: Vec<Winner> = keys.into_values().collect();
         winners.sort_by_key(|w| w.change.at);
         for w in winners {
             match w.kind {
                 Kind::Delete => deletes.push(w.change),
                 Kind::Upsert => {
-                    let mut cols: Vec<String> = w.change.row.keys().cloned().collect();
-                    cols.sort();
-                    upserts.entry(cols).or_default().push(w.change);
+                    let row = &w.change.row;
+                    match upserts
+                        .iter_mut()
+                        .find(|(cols, _)| cols.iter().eq(row.keys()))
+                    {
+                        Some((_, rows)) => rows.push(w.change),
+                        None => upserts.push((row.keys().cloned().collect(), vec![w.change])),
+                    }
                 }
             }
         }
+        upserts.sort_by(|a, b| a.0.cmp(&b.0));
         if !deletes.is_empty() {
             self.out.push(Step::Deletes {
                 table: table.to_string(),
@@ -293,6 +303,7 @@ pub(crate) mod model {
     //! The reference: events applied one by one under the guard, and plans applied step by
     //! step, to the same in-memory table.
     use super::*;
+    use std::collections::BTreeMap;
 
     /// One table: key → (rank, row or tombstone), and the truncate watermark.
     #[derive(Debug, Clone, Default, PartialEq)]

@@ -46,7 +46,9 @@ fn list(key: &str) -> Vec<Vec<u8>> {
 fn kill_loop_into_a_redis_list_ends_with_every_line_once() {
     let d = tempfile::tempdir().unwrap();
     let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
-    let want = lines("r", 0, 150_000);
+    // Enough lines that a run takes longer than the longest delay before its kill: the
+    // transactions deliver a checkpoint of 700 lines in a millisecond or two.
+    let want = lines("r", 0, 600_000);
     write_lines(&inp, &want);
     let key = format!("walsink-test:{}", unique("cli-kill"));
     let sink = format!("{REDIS}?key={key}&chunk_records=200");
@@ -54,7 +56,7 @@ fn kill_loop_into_a_redis_list_ends_with_every_line_once() {
     let extra = ["--checkpoint-every", "700", "--sink-id", &id, "--quiet"];
     let mut kills = 0;
     for round in 0..3 {
-        let (_, k) = kill_loop_to(&inp, &wal, &sink, &extra, 6, 40 + round, 50..=1500);
+        let (_, k) = kill_loop_to(&inp, &wal, &sink, &extra, 6, 40 + round, 30..=600);
         kills += k;
         let held = list(&key);
         assert_in_order_once(&held, &want);

@@ -46,9 +46,9 @@ impl Target for RedisTarget {
                 .map(|c| CommittedEpoch {
                     checkpoint: c.checkpoint,
                     file: format!(
-                        "checkpoint {} in {} field {sink_id}/{subtask}",
+                        "checkpoint {} in {}",
                         c.checkpoint,
-                        self.config.marker_key(subtask)
+                        self.config.marker_key(sink_id, subtask)
                     ),
                     metadata: Some(c.metadata),
                 })

@@ -1,24 +1,33 @@
-//! Delivery into the local Redis through walsink (list mode: the chunk script with its
-//! marker, epochs read from the log and marked committed) against the floor of the same work
-//! done directly with the same client: pipelined `RPUSH` of the same records, 1000 values per
-//! command, a whole epoch per pipeline. Interleaved rounds in one run; the result is the
-//! ratio of throughputs with its spread. Two more columns split the cost: a null sink (the
-//! log's share) and the chunk script called from memory with the same chunks (the script's
-//! share, without walsink).
+//! Delivery into the local Redis through walsink (the sink's transactions with their marker,
+//! epochs read from the log and marked committed) against the floor of the same work done
+//! directly with the same client, per mode:
 //!
-//! `cargo bench -p walsink-redis --bench redis_delivery [-- RECORDS EPOCHS ROUNDS]`
-//! (defaults 400000 records of 64-100 bytes, 8 epochs, 7 rounds). Needs the local Redis.
+//! - list: pipelined multi-value `RPUSH` of the same records, 1000 values per command;
+//! - hash: pipelined multi-pair `HSET` of the same `FIELD<TAB>VALUE` records, 500 pairs
+//!   (1000 values) per command;
+//! - stream: pipelined `XADD key * record <bytes>`, one per record;
+//!
+//! a whole epoch per pipeline. Interleaved rounds in one run; the result is the ratio of
+//! throughputs with its spread. A null sink (the log read alone) shows the log's share.
+//!
+//! `cargo bench -p walsink-redis --bench redis_delivery [-- RECORDS EPOCHS ROUNDS [MODE…]
+//! [PARAM=VALUE…]]` (defaults 400000 records of 64-100 bytes, 8 epochs, 7 rounds, modes list
+//! hash stream; `PARAM=VALUE` are added to the sink URL, e.g. `in_flight=8`).
+//! Needs the local Redis.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use walsink::{Options, WalSink};
-use walsink_redis::{Config, RedisSink};
+use walsink_redis::{Config, Mode, RedisSink};
 
 const URL: &str = "redis://127.0.0.1:6379/0";
 
-fn records(n: usize) -> Vec<Vec<u8>> {
+fn records(n: usize, mode: Mode) -> Vec<Vec<u8>> {
     (0..n)
-        .map(|i| format!("record {i:010} {}", "x".repeat(50 + i % 37)).into_bytes())
+        .map(|i| match mode {
+            Mode::Hash => format!("field{i:010}\t{}", "x".repeat(44 + i % 37)).into_bytes(),
+            _ => format!("record {i:010} {}", "x".repeat(50 + i % 37)).into_bytes(),
+        })
         .collect()
 }
 
@@ -37,73 +46,55 @@ async fn del(c: &mut redis::aio::MultiplexedConnection, keys: &[String]) {
     let _: () = redis::cmd("DEL").arg(keys).query_async(c).await.unwrap();
 }
 
-/// The floor: every epoch as one pipeline of multi-value RPUSH commands.
-async fn raw(recs: &[Vec<u8>], epochs: usize, key: &str) -> Duration {
+/// How many records (list, stream) or fields (hash) `key` holds.
+async fn count(c: &mut redis::aio::MultiplexedConnection, mode: Mode, key: &str) -> usize {
+    let cmd = match mode {
+        Mode::List => "LLEN",
+        Mode::Hash => "HLEN",
+        Mode::Stream => "XLEN",
+    };
+    redis::cmd(cmd).arg(key).query_async(c).await.unwrap()
+}
+
+/// The floor: every epoch as one pipeline of the mode's native commands.
+async fn raw(recs: &[Vec<u8>], epochs: usize, key: &str, mode: Mode) -> Duration {
     let mut c = conn().await;
     let per = recs.len() / epochs;
     let t = Instant::now();
     for e in recs.chunks(per) {
         let mut p = redis::pipe();
-        for chunk in e.chunks(1000) {
-            p.cmd("RPUSH").arg(key).arg(chunk).ignore();
+        match mode {
+            Mode::List => {
+                for chunk in e.chunks(1000) {
+                    p.cmd("RPUSH").arg(key).arg(chunk).ignore();
+                }
+            }
+            Mode::Hash => {
+                for chunk in e.chunks(500) {
+                    let cmd = p.cmd("HSET").arg(key);
+                    for r in chunk {
+                        let tab = r.iter().position(|b| *b == b'\t').unwrap();
+                        cmd.arg(&r[..tab]).arg(&r[tab + 1..]);
+                    }
+                    cmd.ignore();
+                }
+            }
+            Mode::Stream => {
+                for r in e {
+                    p.cmd("XADD")
+                        .arg(key)
+                        .arg("*")
+                        .arg("record")
+                        .arg(r)
+                        .ignore();
+                }
+            }
         }
         let _: () = p.query_async(&mut c).await.unwrap();
     }
     let d = t.elapsed();
-    let n: usize = redis::cmd("LLEN")
-        .arg(key)
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(n, recs.len());
+    assert_eq!(count(&mut c, mode, key).await, recs.len());
     del(&mut c, &[key.to_string()]).await;
-    d
-}
-
-/// The chunk script alone, called from memory with the same chunks (1000 records, 4 calls
-/// per pipeline) and no log: the script's share of the walsink column.
-async fn raw_script(recs: &[Vec<u8>], epochs: usize, key: &str) -> Duration {
-    let mut c = conn().await;
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(walsink_redis::script::SOURCE)
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let marker = format!("walsink:{{{key}}}:committed");
-    let per = recs.len() / epochs;
-    let t = Instant::now();
-    for (cp, e) in recs.chunks(per).enumerate() {
-        let calls: Vec<(usize, &[Vec<u8>])> = e.chunks(1000).enumerate().collect();
-        for group in calls.chunks(4) {
-            let mut p = redis::pipe();
-            for (i, chunk) in group {
-                let last = (i + 1) * 1000 >= e.len();
-                p.cmd("EVALSHA")
-                    .arg(&sha)
-                    .arg(2)
-                    .arg(key)
-                    .arg(&marker)
-                    .arg("bench/0")
-                    .arg(walsink_redis::script::padded(cp as u64 + 1))
-                    .arg(i * 1000)
-                    .arg(if last { "1" } else { "0" })
-                    .arg("list")
-                    .arg("")
-                    .arg(*chunk)
-                    .ignore();
-            }
-            let _: () = p.query_async(&mut c).await.unwrap();
-        }
-    }
-    let d = t.elapsed();
-    let n: usize = redis::cmd("LLEN")
-        .arg(key)
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(n, recs.len());
-    del(&mut c, &[key.to_string(), marker]).await;
     d
 }
 
@@ -123,8 +114,14 @@ impl walsink_tokio::AsyncSink for Null {
 }
 
 /// Through walsink: a log with the records sealed into `epochs` checkpoints (not timed),
-/// then delivered and marked (timed).
-async fn walsink(recs: &[Vec<u8>], epochs: usize, key: &str, sink_id: &str) -> Duration {
+/// then delivered and marked (timed). An empty `key` delivers to the null sink.
+async fn walsink(
+    recs: &[Vec<u8>],
+    epochs: usize,
+    key: &str,
+    sink_id: &str,
+    mode: Mode,
+) -> Duration {
     let dir = tempfile::tempdir().unwrap();
     let (wal, _) = WalSink::open(dir.path(), Options::new(sink_id)).unwrap();
     let per = recs.len() / epochs;
@@ -139,8 +136,12 @@ async fn walsink(recs: &[Vec<u8>], epochs: usize, key: &str, sink_id: &str) -> D
         walsink_tokio::deliver_ready(&wal, &mut Null).await.unwrap();
         return t.elapsed();
     }
-    let cfg = Config::from_url(&format!("{URL}?key={key}")).unwrap();
-    let marker = cfg.marker_key(0);
+    let extra = std::env::args()
+        .skip(1)
+        .filter(|a| a.contains('='))
+        .fold(String::new(), |s, a| s + "&" + &a);
+    let cfg = Config::from_url(&format!("{URL}?key={key}&mode={}{extra}", mode.name())).unwrap();
+    let marker = cfg.marker_key(sink_id, 0);
     let mut sink = RedisSink::new(cfg).unwrap();
     sink.connect().await.unwrap();
     let t = Instant::now();
@@ -148,75 +149,75 @@ async fn walsink(recs: &[Vec<u8>], epochs: usize, key: &str, sink_id: &str) -> D
     let d = t.elapsed();
     assert_eq!(n, epochs);
     let mut c = conn().await;
-    let len: usize = redis::cmd("LLEN")
-        .arg(key)
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert_eq!(len, recs.len());
+    assert_eq!(count(&mut c, mode, key).await, recs.len());
     del(&mut c, &[key.to_string(), marker]).await;
     d
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let nums: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    let mut modes: Vec<Mode> = args
+        .iter()
+        .filter_map(|a| match a.as_str() {
+            "list" => Some(Mode::List),
+            "hash" => Some(Mode::Hash),
+            "stream" => Some(Mode::Stream),
+            _ => None,
+        })
         .collect();
-    let n = args.first().copied().unwrap_or(400_000);
-    let epochs = args.get(1).copied().unwrap_or(8);
-    let rounds = args.get(2).copied().unwrap_or(7);
+    if modes.is_empty() {
+        modes = vec![Mode::List, Mode::Hash, Mode::Stream];
+    }
+    let n = nums.first().copied().unwrap_or(400_000);
+    let epochs = nums.get(1).copied().unwrap_or(8);
+    let rounds = nums.get(2).copied().unwrap_or(7);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let recs = records(n);
-    let bytes: usize = recs.iter().map(Vec::len).sum();
     let tag = format!("walsink-bench:{}", std::process::id());
     rt.block_on(async {
-        // Warm-up: connections, the script cache, the page cache.
-        raw(&recs, epochs, &format!("{tag}:warm-raw")).await;
-        walsink(&recs, epochs, &format!("{tag}:warm-ws"), "warm").await;
-        let (mut ratios, mut vs_script) = (Vec::new(), Vec::new());
-        println!("round  raw rec/s   walsink rec/s  ratio   null sink rec/s  raw script rec/s");
-        for r in 0..rounds {
-            let (kr, kw) = (format!("{tag}:raw:{r}"), format!("{tag}:ws:{r}"));
-            let sid = format!("bench-{r}");
-            // Alternate the order so neither side always runs first.
-            let (dr, dw) = if r % 2 == 0 {
-                let a = raw(&recs, epochs, &kr).await;
-                (a, walsink(&recs, epochs, &kw, &sid).await)
-            } else {
-                let b = walsink(&recs, epochs, &kw, &sid).await;
-                (raw(&recs, epochs, &kr).await, b)
-            };
-            let (tr, tw) = (n as f64 / dr.as_secs_f64(), n as f64 / dw.as_secs_f64());
-            ratios.push(tw / tr);
-            let tn = n as f64 / walsink(&recs, epochs, "", &sid).await.as_secs_f64();
-            let ts = n as f64
-                / raw_script(&recs, epochs, &format!("{tag}:script:{r}"))
-                    .await
-                    .as_secs_f64();
-            vs_script.push(tw / ts);
-            println!(
-                "{r:>5}  {tr:>10.0}  {tw:>13.0}  {:.2}   {tn:>15.0}  {ts:>16.0}",
-                tw / tr
-            );
+        let mut summary = Vec::new();
+        for mode in modes {
+            let m = mode.name();
+            let recs = records(n, mode);
+            let bytes: usize = recs.iter().map(Vec::len).sum();
+            // Warm-up: connections, the script cache, the page cache.
+            raw(&recs, epochs, &format!("{tag}:warm-raw"), mode).await;
+            walsink(&recs, epochs, &format!("{tag}:warm-ws"), "warm", mode).await;
+            let mut ratios = Vec::new();
+            println!("{m}: round  raw rec/s   walsink rec/s  ratio   null sink rec/s");
+            for r in 0..rounds {
+                let (kr, kw) = (format!("{tag}:{m}:raw:{r}"), format!("{tag}:{m}:ws:{r}"));
+                let sid = format!("bench-{m}-{r}");
+                // Alternate the order so neither side always runs first.
+                let (dr, dw) = if r % 2 == 0 {
+                    let a = raw(&recs, epochs, &kr, mode).await;
+                    (a, walsink(&recs, epochs, &kw, &sid, mode).await)
+                } else {
+                    let b = walsink(&recs, epochs, &kw, &sid, mode).await;
+                    (raw(&recs, epochs, &kr, mode).await, b)
+                };
+                let (tr, tw) = (n as f64 / dr.as_secs_f64(), n as f64 / dw.as_secs_f64());
+                ratios.push(tw / tr);
+                let tn = n as f64 / walsink(&recs, epochs, "", &sid, mode).await.as_secs_f64();
+                println!(
+                    "{m}: {r:>5}  {tr:>10.0}  {tw:>13.0}  {:.2}   {tn:>15.0}",
+                    tw / tr
+                );
+            }
+            ratios.sort_by(f64::total_cmp);
+            summary.push(format!(
+                "{m}: {n} records ({bytes} bytes) in {epochs} epochs, {rounds} rounds: walsink/raw = {:.2} (min {:.2}, max {:.2})",
+                ratios[ratios.len() / 2],
+                ratios[0],
+                ratios[ratios.len() - 1]
+            ));
         }
-        ratios.sort_by(f64::total_cmp);
-        vs_script.sort_by(f64::total_cmp);
-        println!(
-            "walsink/the same script called from memory = {:.2} (min {:.2}, max {:.2})",
-            vs_script[vs_script.len() / 2],
-            vs_script[0],
-            vs_script[vs_script.len() - 1]
-        );
-        println!(
-            "{n} records ({bytes} bytes) in {epochs} epochs, {rounds} rounds: walsink/raw RPUSH = {:.2} (min {:.2}, max {:.2})",
-            ratios[ratios.len() / 2],
-            ratios[0],
-            ratios[ratios.len() - 1]
-        );
+        for s in summary {
+            println!("{s}");
+        }
     });
 }

@@ -75,12 +75,14 @@ pub struct Config {
     pub key: String,
     /// How records are written. Default [`Mode::List`].
     pub mode: Mode,
-    /// At most this many records per script call. Default 1000.
+    /// At most this many records per chunk. Default 1000.
     pub chunk_records: usize,
-    /// At most this many record bytes per script call (a larger single record goes alone).
-    /// Default 1 MiB. A script blocks the server while it runs, so chunks stay small.
+    /// At most this many record bytes per chunk (a larger single record goes alone).
+    /// Default 1 MiB.
     pub chunk_bytes: usize,
-    /// Script calls of one epoch in flight at once on the connection. Default 4.
+    /// Chunks per transaction (`MULTI`/`EXEC`). Default 4. Redis runs a transaction alone,
+    /// so it blocks other clients for as long as it takes to apply `in_flight` chunks; one
+    /// transaction is in flight while the next is read from the log and packed.
     pub in_flight: usize,
     /// Timeout for connecting and for each reply. Default 10 s.
     pub timeout: Duration,
@@ -216,11 +218,23 @@ impl Config {
         self.key.replace("$subtask", &subtask.to_string())
     }
 
-    /// The commit-marker hash for the data key of `subtask`:
-    /// `walsink:{TAG}:committed`, where `TAG` is the data key's hash tag (or the whole key
-    /// when it has none), so marker and data share one hash slot and one script can touch
-    /// both on a cluster.
-    pub fn marker_key(&self, subtask: u32) -> String {
+    /// The commit-marker key of `(sink_id, subtask)`: the hash
+    /// `walsink:{TAG}:committed:SINK/SUBTASK`, where `TAG` is the hash tag of the data key of
+    /// `subtask` (or the whole key when it has none), so marker and data share one hash slot
+    /// and one transaction can touch both on a cluster. Only that sink id and subtask write
+    /// it (see [`script`](crate::script) for its fields).
+    pub fn marker_key(&self, sink_id: &str, subtask: u32) -> String {
+        format!(
+            "{}:{}",
+            self.old_marker_key(subtask),
+            crate::script::field(sink_id, subtask)
+        )
+    }
+
+    /// The hash `walsink:{TAG}:committed` in which earlier versions kept the markers of every
+    /// sink id and subtask writing to the data key of `subtask`, one field each. It is read
+    /// when [`Config::marker_key`] does not exist yet.
+    pub fn old_marker_key(&self, subtask: u32) -> String {
         format!("walsink:{{{}}}:committed", hash_tag(&self.key_for(subtask)))
     }
 
@@ -343,15 +357,19 @@ mod tests {
     #[test]
     fn the_marker_shares_the_data_keys_slot() {
         assert_eq!(
-            Config::new("orders").marker_key(0),
-            "walsink:{orders}:committed"
+            Config::new("orders").marker_key("s", 0),
+            "walsink:{orders}:committed:s/0"
         );
         assert_eq!(
-            Config::new("app:{users}:log").marker_key(0),
-            "walsink:{users}:committed"
+            Config::new("app:{users}:log").marker_key("a{b}", 2),
+            "walsink:{users}:committed:a{b}/2"
         );
         assert_eq!(
-            Config::new("out:$subtask").marker_key(3),
+            Config::new("out:$subtask").marker_key("s", 3),
+            "walsink:{out:3}:committed:s/3"
+        );
+        assert_eq!(
+            Config::new("out:$subtask").old_marker_key(3),
             "walsink:{out:3}:committed"
         );
         assert_eq!(hash_tag("a{}b"), "a{}b");

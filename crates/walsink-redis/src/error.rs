@@ -23,9 +23,10 @@ fn advice(code: &str) -> &'static str {
     match code {
         "WRONGTYPE" => "; the key holds another type: delete or rename it, or point the sink at another key",
         "NOAUTH" | "WRONGPASS" => "; check the user and password in the sink URL",
-        "NOPERM" => "; grant the user EVALSHA, SCRIPT, HGET and the mode's write command on the keys",
+        "NOPERM" => "; grant the user WATCH, UNWATCH, MULTI, EXEC, EVAL, HGET, HSET, HDEL, EXISTS, TYPE and the mode's write and read commands (RPUSH and LINDEX, XADD and XREVRANGE, or HSET) on the keys",
         "MOVED" | "ASK" | "CROSSSLOT" => "; this is a cluster node that does not own the key's slot: connect to the node that does",
-        "WALSINK_GAP" | "WALSINK_MARKER" => "; the marker hash was changed by another program or another log under this sink id",
+        "WALSINK_GAP" | "WALSINK_MARKER" => "; the marker was changed by another program or another log under this sink id",
+        "WALSINK_NOT_WRITTEN" => "; a write of the transaction did not land (were the user's permissions changed?)",
         _ => "",
     }
 }
@@ -48,6 +49,12 @@ pub fn classify(e: &redis::RedisError, what: &str) -> SinkError {
         SinkError::permanent(msg)
     };
     err.with_source(e.clone())
+}
+
+/// A permanent error with a server-style code (`WRONGTYPE`, `WALSINK_GAP`, …) that the sink
+/// found itself, worded as [`classify_server`] words the server's.
+pub(crate) fn coded(code: &str, details: &str, what: &str) -> SinkError {
+    SinkError::permanent(format!("{what}: {code} {details}{}", advice(code)))
 }
 
 /// Classifies an error reply of one command in a pipeline, as [`classify`] does.

@@ -1,6 +1,7 @@
-//! walsink target for Redis: each epoch is applied by a server-side script that checks a
-//! commit marker, writes the records and moves the marker in one atomic step, so every
-//! record lands in Redis exactly once across crashes, retries and killed connections.
+//! walsink target for Redis: each epoch is applied in optimistic transactions (`WATCH` on a
+//! commit marker, then `MULTI`, the records as native commands and the marker move, `EXEC`),
+//! so every record lands in Redis exactly once across crashes, retries and killed
+//! connections.
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,3 +25,5 @@ mod sink;
 pub use config::{hash_tag, Config, ConfigError, Mode};
 pub use error::classify;
 pub use sink::{Committed, RedisSink, Stats};
+#[doc(hidden)]
+pub use sink::{HookPoint, TestHook};

@@ -1,107 +1,77 @@
-//! The server-side script that applies one chunk of an epoch and moves the commit marker in
-//! one atomic step, and the marker's encoding.
+//! The commit marker's layout and encoding, and the small script that moves it at the end of
+//! each transaction.
 //!
-//! The marker is a field of the hash `walsink:{TAG}:committed` per sink id and subtask,
-//! `SINK/SUBTASK`, holding `CHECKPOINT:NEXT:DONE`: the epoch being applied (its id padded
-//! to 20 digits, so ids compare as strings inside Lua, whose numbers are doubles), the index
-//! of its first record not applied yet, and `1` once the whole epoch is applied. The field
-//! `SINK/SUBTASK:meta` holds `CHECKPOINT\nMETADATA` of the newest complete epoch.
+//! The marker of a sink id and subtask is the hash `walsink:{TAG}:committed:SINK/SUBTASK`
+//! ([`Config::marker_key`](crate::Config::marker_key)), in the data key's hash slot. Its field
+//! `marker` holds `CHECKPOINT:NEXT:DONE`: the epoch being applied (its id padded to 20
+//! digits), the index of its first record not applied yet, and `1` once the whole epoch is
+//! applied. Its field `meta` holds `CHECKPOINT\nMETADATA` of the newest complete epoch. Only
+//! that (sink id, subtask) writes the key, so it can be `WATCH`ed without parallel subtasks
+//! aborting each other's transactions.
 //!
-//! For each chunk the script:
-//! 1. reads the marker; an epoch already complete (or older than the marker) is skipped;
-//! 2. skips the records of the chunk the marker says were applied (a resume after a crash in
-//!    the middle of an epoch, even if chunk limits changed in between); a chunk that starts
-//!    after the marker's next index is a gap and an error (`WALSINK_GAP`);
-//! 3. refuses a data key of another type with `WRONGTYPE` *before* writing anything;
-//! 4. applies the rest of the chunk's records and moves the marker (and, on the last chunk,
-//!    stores the metadata).
+//! Earlier versions kept both in one hash per data key, `walsink:{TAG}:committed`
+//! ([`Config::old_marker_key`](crate::Config::old_marker_key)), as the fields `SINK/SUBTASK`
+//! and `SINK/SUBTASK:meta`. They are read when the per-sink key does not exist, and the first
+//! marker move moves them to it (in the same atomic step), so a deployment keeps its progress.
 //!
-//! Redis runs a script alone, and it writes nothing before its checks pass, so a chunk is
-//! applied with its marker or not at all.
+//! Each transaction (see [`RedisSink`](crate::RedisSink)) is `WATCH` on the marker key, a read
+//! of the marker and of the data key's type, then `MULTI`, the records as native `RPUSH`,
+//! `XADD` or `HSET` commands, `EVAL` of [`MOVE`], `EXEC`. [`MOVE`] runs after the writes inside
+//! the same `EXEC`, so nothing runs between them; it moves the marker only if the writes
+//! landed (the key holds the mode's type and its last element is the transaction's last
+//! record).
 
-/// The Lua source.
+/// The Lua source of the marker move, sent whole with `EVAL` inside each `MULTI` (never
+/// `EVALSHA`: a `NOSCRIPT` there would not stop the writes queued before it).
 ///
-/// `KEYS[1]` data key, `KEYS[2]` marker hash; `ARGV[1]` marker field, `ARGV[2]` checkpoint
-/// (20 digits), `ARGV[3]` index of the chunk's first record, `ARGV[4]` `1` on the epoch's
-/// last chunk, `ARGV[5]` mode, `ARGV[6]` metadata (last chunk only), `ARGV[7..]` the
-/// records (in hash mode a field and a value per record). Returns `{applied, next}`.
-pub const SOURCE: &str = r#"
-local field = ARGV[1]
-local cp = ARGV[2]
-local first = tonumber(ARGV[3])
-local last = ARGV[4] == '1'
-local mode = ARGV[5]
-local width = 1
-if mode == 'hash' then width = 2 end
-local n = (#ARGV - 6) / width
-local cur = redis.call('HGET', KEYS[2], field)
-local skip = 0
-if cur then
-  local mcp, mnext, mdone = string.match(cur, '^(%d+):(%d+):([01])$')
-  if not mcp then
-    return redis.error_reply('WALSINK_MARKER ' .. KEYS[2] .. ' field ' .. field .. ' holds ' .. cur .. ', not a walsink marker')
-  end
-  mnext = tonumber(mnext)
-  if mcp > cp or (mcp == cp and mdone == '1') then
-    return {0, mnext}
-  end
-  if mcp == cp then
-    if first > mnext then
-      return redis.error_reply('WALSINK_GAP checkpoint ' .. cp .. ': chunk from record ' .. first .. ' but the marker is at record ' .. mnext)
-    end
-    skip = mnext - first
-    if skip > n or (skip == n and not last) then
-      return {0, mnext}
-    end
-  elseif first > 0 then
-    return redis.error_reply('WALSINK_GAP checkpoint ' .. cp .. ': chunk from record ' .. first .. ' but the epoch was never started')
-  end
-elseif first > 0 then
-  return redis.error_reply('WALSINK_GAP checkpoint ' .. cp .. ': chunk from record ' .. first .. ' but there is no marker')
-end
-if skip < n then
+/// `KEYS[1]` data key, `KEYS[2]` marker key, `KEYS[3]` the old marker hash; `ARGV[1]` the
+/// old marker field (`SINK/SUBTASK`), `ARGV[2]` the new marker, `ARGV[3]` the metadata entry
+/// (`CHECKPOINT\nMETADATA`, on the epoch's last transaction) or empty, `ARGV[4]` mode,
+/// `ARGV[5]` how many records the transaction wrote, `ARGV[6]` its last record (hash mode: its
+/// field), `ARGV[7]` hash mode: its value. Returns 1, or an error (`WRONGTYPE`,
+/// `WALSINK_NOT_WRITTEN`) without moving the marker.
+pub const MOVE: &str = r#"
+local mode = ARGV[4]
+if tonumber(ARGV[5]) > 0 then
   local t = redis.call('TYPE', KEYS[1])['ok']
-  if t ~= 'none' and t ~= mode then
-    return redis.error_reply('WRONGTYPE key ' .. KEYS[1] .. ' holds a ' .. t .. ', the sink writes a ' .. mode)
+  if t ~= mode then
+    return redis.error_reply('WRONGTYPE key ' .. KEYS[1] .. ' holds a ' .. t .. ', the sink writes a ' .. mode .. '; nothing written, the marker did not move')
   end
-  local key = KEYS[1]
+  local landed
   if mode == 'list' then
-    local i = 7 + skip
-    local stop = 6 + n
-    while i <= stop do
-      local j = math.min(i + 999, stop)
-      redis.call('RPUSH', key, unpack(ARGV, i, j))
-      i = j + 1
-    end
-  elseif mode == 'stream' then
-    for i = 7 + skip, 6 + n do
-      redis.call('XADD', key, '*', 'record', ARGV[i])
-    end
+    landed = redis.call('LINDEX', KEYS[1], -1) == ARGV[6]
+  elseif mode == 'hash' then
+    landed = redis.call('HGET', KEYS[1], ARGV[6]) == ARGV[7]
   else
-    local i = 7 + 2 * skip
-    local stop = 6 + 2 * n
-    while i <= stop do
-      local j = math.min(i + 999, stop)
-      redis.call('HSET', key, unpack(ARGV, i, j))
-      i = j + 1
-    end
+    local e = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+    landed = e ~= nil and e[2][1] == 'record' and e[2][2] == ARGV[6]
+  end
+  if not landed then
+    return redis.error_reply('WALSINK_NOT_WRITTEN the last record of the transaction is not at the end of ' .. KEYS[1] .. '; the marker did not move')
   end
 end
-local nextidx = first + n
-if last then
-  redis.call('HSET', KEYS[2], field, cp .. ':' .. nextidx .. ':1', field .. ':meta', cp .. '\n' .. ARGV[6])
-else
-  redis.call('HSET', KEYS[2], field, cp .. ':' .. nextidx .. ':0')
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  local old = redis.call('HGET', KEYS[3], ARGV[1] .. ':meta')
+  if old and ARGV[3] == '' then
+    redis.call('HSET', KEYS[2], 'meta', old)
+  end
+  redis.call('HDEL', KEYS[3], ARGV[1], ARGV[1] .. ':meta')
 end
-return {1, nextidx}
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[2], 'marker', ARGV[2], 'meta', ARGV[3])
+else
+  redis.call('HSET', KEYS[2], 'marker', ARGV[2])
+end
+return 1
 "#;
 
-/// The marker field of a sink id and subtask.
+/// The marker's field in the old shared hash ([`Config::old_marker_key`](crate::Config::old_marker_key)),
+/// `SINK/SUBTASK`; the metadata was in `SINK/SUBTASK:meta`.
 pub fn field(sink_id: &str, subtask: u32) -> String {
     format!("{sink_id}/{subtask}")
 }
 
-/// A checkpoint id as the script compares it.
+/// A checkpoint id as the marker stores it (20 digits, so markers sort as strings).
 pub fn padded(checkpoint: u64) -> String {
     format!("{checkpoint:020}")
 }
@@ -135,6 +105,16 @@ impl Marker {
         })
     }
 
+    /// Encodes it as `CHECKPOINT:NEXT:DONE`, the checkpoint padded to 20 digits.
+    pub fn encode(&self) -> String {
+        format!(
+            "{}:{}:{}",
+            padded(self.checkpoint),
+            self.next,
+            if self.done { 1 } else { 0 }
+        )
+    }
+
     /// Whether the target holds the whole of epoch `checkpoint`.
     pub fn covers(&self, checkpoint: u64) -> bool {
         self.checkpoint > checkpoint || (self.checkpoint == checkpoint && self.done)
@@ -165,6 +145,7 @@ mod tests {
                 done: false
             }
         );
+        assert_eq!(Marker::decode(&m.encode()), Some(m));
         assert!(!m.covers(42) && m.covers(41) && !m.covers(43));
         assert_eq!((m.resume_at(42), m.resume_at(43)), (17, 0));
         assert!(Marker::decode("1:2").is_none());

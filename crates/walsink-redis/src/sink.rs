@@ -1,12 +1,22 @@
-//! [`RedisSink`]: delivers epochs to Redis through the chunk script, exactly once.
+//! [`RedisSink`]: delivers epochs to Redis in optimistic transactions (`WATCH`, `MULTI`, the
+//! records as native commands, the marker move, `EXEC`), exactly once.
 
 use crate::config::{Config, ConfigError, Mode};
-use crate::error::{classify, classify_server};
+use crate::error::{classify, classify_server, coded};
 use crate::script::{self, Marker};
+use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
+use std::sync::Arc;
 use walsink::{Epoch, EpochKey, SinkError};
 use walsink_tokio::{AsyncChunks, AsyncSink};
+
+/// At most this many values (records, or hash fields and values) per write command.
+const MAX_VALUES: usize = 1000;
+
+/// Transactions of one delivery aborted by a change of the marker key in a row before the
+/// delivery gives up (retryable): another writer with the same sink id and subtask.
+const MAX_ABORTS: u32 = 50;
 
 /// An epoch the target holds as committed, with the checkpoint metadata kept beside its
 /// marker (see [`RedisSink::committed`]).
@@ -21,36 +31,81 @@ pub struct Committed {
 /// Counters of what a sink did, for tests and operators.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Script calls that applied records or moved the marker.
+    /// Chunks whose records were applied (or, for an epoch without further records, whose
+    /// marker move completed it).
     pub chunks_applied: u64,
-    /// Script calls the marker showed were applied already.
+    /// Chunks of a transaction dropped because the marker, read again after an aborted
+    /// transaction, showed them applied already.
     pub chunks_skipped: u64,
     /// Epochs skipped whole because the marker covered them before anything was sent.
     pub epochs_skipped: u64,
-    /// Times the script was loaded again after `NOSCRIPT`.
-    pub script_reloads: u64,
+    /// Transactions that `EXEC` applied.
+    pub transactions: u64,
+    /// Transactions `EXEC` aborted because the marker key changed after `WATCH`; each was
+    /// read again and resent without what the marker showed applied.
+    pub aborts: u64,
     /// Connections opened.
     pub connects: u64,
 }
 
-/// An [`AsyncSink`] writing each epoch to a Redis key with a server-side script that moves
-/// a commit marker in the same atomic step: exactly-once inside Redis.
+/// Where a [`TestHook`] is called.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HookPoint {
+    /// The epoch's checkpoint.
+    pub checkpoint: u64,
+    /// The index of the first record the transaction writes.
+    pub first: u64,
+    /// How many records it writes.
+    pub count: u64,
+    /// Which attempt of this transaction (0 first).
+    pub attempt: u32,
+}
+
+/// A function called after each transaction's `WATCH` and reads and before its
+/// `MULTI`…`EXEC` is sent, for fault-injection tests (it may change Redis from another
+/// connection). It runs on a tokio worker and may block briefly.
+#[doc(hidden)]
+pub type TestHook = Arc<dyn Fn(HookPoint) + Send + Sync>;
+
+/// An [`AsyncSink`] writing each epoch to a Redis key in optimistic transactions that move a
+/// commit marker with the records: exactly-once inside Redis.
 ///
-/// An epoch is sent in chunks ([`Config::chunk_records`], [`Config::chunk_bytes`]), a few in
-/// flight at once ([`Config::in_flight`]), each applied by one `EVALSHA` of
-/// [`script::SOURCE`](crate::script::SOURCE). The marker records how far into the epoch the
-/// target is, so a delivery cut anywhere (a crash, a killed connection, a dropped future)
-/// resumes at the first record not applied, and an epoch applied whole is skipped.
+/// An epoch is cut into chunks ([`Config::chunk_records`], [`Config::chunk_bytes`]) and
+/// [`Config::in_flight`] chunks make one transaction:
 ///
-/// Errors keep the server's code (`WRONGTYPE`, `NOSCRIPT`, `OOM`, …): see
-/// [`classify`](crate::classify). After a connection error the connection is dropped and
-/// the next call opens a new one.
+/// 1. `WATCH` the marker key ([`Config::marker_key`], written by this sink id and subtask
+///    only), read the marker and `TYPE` of the data key (one round trip, sent behind the
+///    previous transaction's `EXEC`);
+/// 2. decide from the marker what to skip: an epoch complete (or older than the marker) is
+///    skipped, records the marker shows applied are dropped, a transaction that starts after
+///    the marker's next record is a gap (permanent); a data key of another type is a
+///    permanent error, and nothing is sent;
+/// 3. `MULTI`, the records as native `RPUSH` / `XADD` / `HSET` commands, `EVAL` of
+///    [`script::MOVE`](crate::script::MOVE) (which moves the marker only if the writes
+///    landed), `EXEC`. A nil `EXEC` (the marker changed after `WATCH`: another writer) goes
+///    back to 1; an error reply is classified.
+///
+/// The marker records how far into the epoch the target is, so a delivery cut anywhere (a
+/// crash, a killed connection, a dropped future) resumes at the first record not applied,
+/// and an epoch applied whole is skipped.
+///
+/// The sink owns its connection: one task at a time uses it, and a connection a dropped
+/// delivery may have left in the middle of a transaction is dropped and opened anew.
+/// Errors keep the server's code (`WRONGTYPE`, `OOM`, …): see [`classify`](crate::classify).
+/// After a connection error the connection is dropped and the next call opens a new one.
 pub struct RedisSink {
     config: Config,
     client: redis::Client,
     conn: Option<MultiplexedConnection>,
     client_id: Option<i64>,
-    sha: String,
+    /// The connection may be in the middle of a transaction (set while one runs; a delivery
+    /// that failed or was dropped leaves it set).
+    dirty: bool,
+    /// A state Redis cannot be left in silently: records written without their marker, or
+    /// a marker moved past records a write refused. Every later delivery fails with it.
+    poisoned: Option<String>,
+    hook: Option<TestHook>,
     stats: Stats,
 }
 
@@ -64,12 +119,69 @@ impl std::fmt::Debug for RedisSink {
     }
 }
 
-/// One chunk's script call, ready to send.
-struct Call {
-    cmd: redis::Cmd,
-    first: u64,
-    count: u64,
+/// What one delivery's transactions share.
+struct Ctx {
+    mode: Mode,
+    data_key: String,
+    marker_key: String,
+    old_key: String,
+    old_field: String,
+    checkpoint: u64,
+    /// `CHECKPOINT\nMETADATA`, stored with the epoch's last marker move.
+    meta: Vec<u8>,
+    /// The epoch's record count.
+    total: u64,
+    shown: String,
+    hook: Option<TestHook>,
 }
+
+/// What a `WATCH` and the reads after it showed.
+#[derive(Debug, Clone)]
+struct Seen {
+    marker: Option<Marker>,
+    kind: String,
+}
+
+/// One transaction: records `first..first + records.len()` of the epoch.
+struct Tx {
+    first: u64,
+    records: Vec<Bytes>,
+    /// The end (index into `records`) of each chunk.
+    chunk_ends: Vec<usize>,
+    /// Whether `WATCH` and the reads for the next transaction follow its `EXEC`.
+    trailing: bool,
+}
+
+impl Tx {
+    fn end(&self) -> u64 {
+        self.first + self.records.len() as u64
+    }
+}
+
+/// What a transaction did.
+#[derive(Debug, Default)]
+struct Done {
+    /// The state after it, still watched, for the next transaction (`None` without
+    /// trailing reads).
+    seen: Option<Seen>,
+    /// The marker covers the epoch: send nothing more.
+    covered: bool,
+    applied: u64,
+    skipped: u64,
+    transactions: u64,
+    aborts: u64,
+}
+
+enum Failed {
+    /// A client error (the connection may be broken), and what was being done.
+    Client(redis::RedisError, String),
+    /// A classified error.
+    Sink(SinkError),
+    /// Redis holds records without their marker, or a marker past records not written.
+    Poison(String),
+}
+
+type Pending = tokio::task::JoinHandle<Result<Done, Failed>>;
 
 impl RedisSink {
     /// A sink for `config`. Connects on first use (or with [`RedisSink::connect`]).
@@ -80,11 +192,13 @@ impl RedisSink {
             reason: e.to_string(),
         })?;
         Ok(RedisSink {
-            sha: redis::Script::new(script::SOURCE).get_hash().to_string(),
             config,
             client,
             conn: None,
             client_id: None,
+            dirty: false,
+            poisoned: None,
+            hook: None,
             stats: Stats::default(),
         })
     }
@@ -105,6 +219,12 @@ impl RedisSink {
         self.client_id
     }
 
+    /// Sets a function called before each transaction is sent (fault-injection tests only).
+    #[doc(hidden)]
+    pub fn set_test_hook(&mut self, hook: Option<TestHook>) {
+        self.hook = hook;
+    }
+
     /// Opens the connection now (it is otherwise opened on first use), so a wrong address
     /// or password shows before the first epoch.
     ///
@@ -115,6 +235,13 @@ impl RedisSink {
     }
 
     async fn conn(&mut self) -> Result<MultiplexedConnection, SinkError> {
+        if self.dirty {
+            // A delivery failed or was dropped in the middle of a transaction: its task may
+            // still use this connection, and `WATCH`/`MULTI` state is per connection.
+            self.conn = None;
+            self.client_id = None;
+            self.dirty = false;
+        }
         if let Some(c) = &self.conn {
             return Ok(c.clone());
         }
@@ -158,7 +285,8 @@ impl RedisSink {
         classify(e, &self.shown(what))
     }
 
-    /// The marker of `(sink_id, subtask)`, if the target has one.
+    /// The marker of `(sink_id, subtask)`, if the target has one: the per-sink key, or the
+    /// old shared hash's field when that key does not exist.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads; call it again.
@@ -168,26 +296,34 @@ impl RedisSink {
         subtask: u32,
     ) -> Result<Option<Marker>, SinkError> {
         let mut c = self.conn().await?;
-        let key = self.config.marker_key(subtask);
+        let key = self.config.marker_key(sink_id, subtask);
+        let old = self.config.old_marker_key(subtask);
         let field = script::field(sink_id, subtask);
-        let v: Option<String> = redis::cmd("HGET")
+        let (new, prev): (Option<String>, Option<String>) = redis::pipe()
+            .cmd("HGET")
             .arg(&key)
+            .arg("marker")
+            .cmd("HGET")
+            .arg(&old)
             .arg(&field)
             .query_async(&mut c)
             .await
             .map_err(|e| self.fail(&e, "read the marker"))?;
-        match v {
-            None => Ok(None),
-            Some(s) => Marker::decode(&s).map(Some).ok_or_else(|| {
-                SinkError::permanent(self.shown(&format!(
-                    "the marker {key} field {field} holds {s:?}, not a walsink marker; another program writes there"
-                )))
-            }),
-        }
+        let (s, at) = match (new, prev) {
+            (Some(s), _) => (s, format!("{key} field marker")),
+            (None, Some(s)) => (s, format!("{old} field {field}")),
+            (None, None) => return Ok(None),
+        };
+        Marker::decode(&s).map(Some).ok_or_else(|| {
+            SinkError::permanent(self.shown(&format!(
+                "the marker {at} holds {s:?}, not a walsink marker; another program writes there"
+            )))
+        })
     }
 
     /// The newest epoch of `(sink_id, subtask)` the target holds whole, with its checkpoint
-    /// metadata, or `None` when it holds none.
+    /// metadata, or `None` when it holds none. Read from the per-sink marker key, or from the
+    /// old shared hash when that key does not exist.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads; call it again.
@@ -197,14 +333,26 @@ impl RedisSink {
         subtask: u32,
     ) -> Result<Option<Committed>, SinkError> {
         let mut c = self.conn().await?;
-        let key = self.config.marker_key(subtask);
+        let key = self.config.marker_key(sink_id, subtask);
+        let old = self.config.old_marker_key(subtask);
         let field = format!("{}:meta", script::field(sink_id, subtask));
-        let v: Option<Vec<u8>> = redis::cmd("HGET")
+        let (exists, new, prev): (bool, Option<Vec<u8>>, Option<Vec<u8>>) = redis::pipe()
+            .cmd("EXISTS")
             .arg(&key)
+            .cmd("HGET")
+            .arg(&key)
+            .arg("meta")
+            .cmd("HGET")
+            .arg(&old)
             .arg(&field)
             .query_async(&mut c)
             .await
             .map_err(|e| self.fail(&e, "read the marker"))?;
+        let (v, at) = if exists {
+            (new, format!("{key} field meta"))
+        } else {
+            (prev, format!("{old} field {field}"))
+        };
         let Some(v) = v else { return Ok(None) };
         let nl = v.iter().position(|b| *b == b'\n');
         let parsed = nl.and_then(|i| {
@@ -216,7 +364,7 @@ impl RedisSink {
         });
         parsed.map(Some).ok_or_else(|| {
             SinkError::permanent(self.shown(&format!(
-                "{key} field {field} is not walsink's checkpoint metadata; another program writes there"
+                "{at} is not walsink's checkpoint metadata; another program writes there"
             )))
         })
     }
@@ -239,172 +387,97 @@ impl RedisSink {
         Ok(())
     }
 
-    /// The script call applying `recs`, records `first..` of epoch `key` of `total`.
-    fn call(
-        &self,
-        key: &EpochKey,
-        field: &str,
-        first: u64,
-        recs: &[bytes::Bytes],
-        total: u64,
-        meta: &[u8],
-    ) -> Call {
-        let count = recs.len() as u64;
-        let last = first + count == total;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.sha)
-            .arg(2)
-            .arg(self.config.key_for(key.subtask))
-            .arg(self.config.marker_key(key.subtask))
-            .arg(field)
-            .arg(script::padded(key.checkpoint))
-            .arg(first)
-            .arg(if last { "1" } else { "0" })
-            .arg(self.config.mode.name())
-            .arg(if last { meta } else { &[][..] });
-        for r in recs {
-            if self.config.mode == Mode::Hash {
-                let tab = r.iter().position(|b| *b == b'\t').unwrap_or(r.len());
-                cmd.arg(&r[..tab]).arg(r.get(tab + 1..).unwrap_or(&[]));
-            } else {
-                cmd.arg(&r[..]);
+    /// Maps a failed transaction task.
+    fn failed(&mut self, f: Failed) -> SinkError {
+        match f {
+            Failed::Client(e, what) => self.fail(&e, &what),
+            Failed::Sink(e) => e,
+            Failed::Poison(msg) => {
+                tracing::error!(target = %self.config.redacted(), "{msg}");
+                self.poisoned = Some(msg.clone());
+                SinkError::permanent(msg)
             }
         }
-        Call { cmd, first, count }
     }
 
-    /// Sends `calls` on a task of its own, so the next chunks are read and packed while
-    /// Redis runs these.
-    async fn spawn_send(&mut self, calls: Vec<Call>, cp: u64) -> Result<Pending, SinkError> {
-        let c = self.conn().await?;
-        let shown = self.shown(&format!("apply checkpoint {cp}"));
-        Ok(tokio::spawn(send(c, calls, shown)))
-    }
-
-    /// Waits for a send and counts what it did.
-    async fn settle(&mut self, pending: Pending) -> Result<(), SinkError> {
+    /// Waits for a transaction task and counts what it did.
+    async fn settle(&mut self, pending: Pending) -> Result<Done, SinkError> {
         match pending.await {
-            Ok(Ok(sent)) => {
-                self.stats.chunks_applied += sent.applied;
-                self.stats.chunks_skipped += sent.skipped;
-                self.stats.script_reloads += sent.reloads;
-                Ok(())
+            Ok(Ok(done)) => {
+                self.stats.chunks_applied += done.applied;
+                self.stats.chunks_skipped += done.skipped;
+                self.stats.transactions += done.transactions;
+                self.stats.aborts += done.aborts;
+                Ok(done)
             }
-            Ok(Err(Failed::Client(e, what))) => Err(self.fail(&e, &what)),
-            Ok(Err(Failed::Sink(e))) => Err(e),
+            Ok(Err(f)) => Err(self.failed(f)),
             Err(e) => Err(SinkError::retryable(
-                self.shown(&format!("the task sending chunks failed: {e}")),
+                self.shown(&format!("the task sending a transaction failed: {e}")),
             )),
         }
     }
-}
 
-type Pending = tokio::task::JoinHandle<Result<Sent, Failed>>;
-
-/// What one pipeline of chunk calls did.
-#[derive(Debug, Default)]
-struct Sent {
-    applied: u64,
-    skipped: u64,
-    reloads: u64,
-}
-
-enum Failed {
-    /// A client error (the connection may be broken), and what was being done.
-    Client(redis::RedisError, String),
-    /// A classified error reply.
-    Sink(SinkError),
-}
-
-/// Sends `calls` in one pipeline and checks each reply; loads the script again and resends
-/// once after `NOSCRIPT` (calls that were applied are then skipped by the marker).
-async fn send(
-    mut c: MultiplexedConnection,
-    calls: Vec<Call>,
-    shown: String,
-) -> Result<Sent, Failed> {
-    let mut sent = Sent::default();
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    let mut ranges = Vec::with_capacity(calls.len());
-    for call in calls {
-        ranges.push((call.first, call.first + call.count));
-        pipe.add_command(call.cmd);
-    }
-    loop {
-        let replies: Vec<Value> = pipe
-            .query_async(&mut c)
-            .await
-            .map_err(|e| Failed::Client(e, shown.clone()))?;
-        let mut noscript = false;
-        for ((first, end), reply) in ranges.iter().zip(&replies) {
-            match reply {
-                Value::Array(v) if v.len() == 2 => {
-                    if matches!(v[0], Value::Int(1)) {
-                        sent.applied += 1;
-                    } else {
-                        sent.skipped += 1;
-                    }
-                }
-                Value::ServerError(e) if e.code() == "NOSCRIPT" => noscript = true,
-                Value::ServerError(e) => {
-                    let what = format!("{shown}: records {first}..{end}");
-                    return Err(Failed::Sink(classify_server(e, &what)));
-                }
-                other => {
-                    return Err(Failed::Sink(SinkError::permanent(format!(
-                        "{shown}: unexpected reply to the chunk script: {other:?}"
-                    ))))
-                }
-            }
+    async fn deliver_epoch(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+        if let Some(p) = &self.poisoned {
+            return Err(SinkError::permanent(format!(
+                "{p} (the sink stopped at this; fix the target, then restart)"
+            )));
         }
-        if !noscript {
-            return Ok(sent);
-        }
-        if sent.reloads > 0 {
-            return Err(Failed::Sink(SinkError::retryable(format!(
-                "{shown}: NOSCRIPT again right after SCRIPT LOAD (is the script cache being flushed?)"
-            ))));
-        }
-        let _: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(script::SOURCE)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| {
-                Failed::Client(e, format!("{shown}: load the chunk script after NOSCRIPT"))
-            })?;
-        sent.reloads += 1;
-        tracing::debug!(target = %shown, "chunk script loaded after NOSCRIPT");
-    }
-}
-
-impl AsyncSink for RedisSink {
-    async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
         let key = epoch.key().clone();
         let cp = key.checkpoint;
-        let marker = self.marker(&key.sink_id, key.subtask).await?;
-        if marker.is_some_and(|m| m.covers(cp)) {
+        let mut meta = format!("{cp}\n").into_bytes();
+        meta.extend_from_slice(epoch.metadata());
+        let ctx = Arc::new(Ctx {
+            mode: self.config.mode,
+            data_key: self.config.key_for(key.subtask),
+            marker_key: self.config.marker_key(&key.sink_id, key.subtask),
+            old_key: self.config.old_marker_key(key.subtask),
+            old_field: script::field(&key.sink_id, key.subtask),
+            checkpoint: cp,
+            meta,
+            total: epoch.len(),
+            shown: self.shown(&format!(
+                "apply checkpoint {cp} (sink {} subtask {})",
+                key.sink_id, key.subtask
+            )),
+            hook: self.hook.clone(),
+        });
+        let mut c = self.conn().await?;
+        self.dirty = true;
+        let mut seen = match watch_and_read(&mut c, &ctx).await {
+            Ok(s) => s,
+            Err(f) => return Err(self.failed(f)),
+        };
+        if seen.marker.is_some_and(|m| m.covers(cp)) {
             self.stats.epochs_skipped += 1;
+            unwatch(&mut c).await;
+            self.dirty = false;
             return Ok(());
         }
-        let start = marker.map_or(0, |m| m.resume_at(cp));
+        let start = seen.marker.map_or(0, |m| m.resume_at(cp));
+        let total = ctx.total;
+        if start < total && !kind_fits(&seen.kind, ctx.mode) {
+            unwatch(&mut c).await;
+            self.dirty = false;
+            return Err(wrong_type(&ctx, &seen.kind));
+        }
         if self.config.mode == Mode::Hash {
             self.check_hash_records(epoch, start).await?;
         }
-        let field = script::field(&key.sink_id, key.subtask);
-        let total = epoch.len();
-        let (max_records, max_bytes) = (self.config.chunk_records as u64, self.config.chunk_bytes);
-        let meta = epoch.metadata();
-        // Chunks start at `start`, the first record the target lacks; calls go out
-        // `in_flight` at a time in one pipeline.
-        let mut group: Vec<Call> = Vec::with_capacity(self.config.in_flight);
-        // At most one pipeline in flight (so chunks reach Redis in order) while the next
-        // is packed. A delivery that fails or is dropped leaves it to finish on its own:
-        // the marker makes whatever it applies count.
+        let (max_records, max_bytes) = (self.config.chunk_records, self.config.chunk_bytes);
+        let per_tx = self.config.in_flight;
+        // One transaction in flight, on a task of its own, while the next is read from the
+        // log and packed here; each takes the state its predecessor read after its `EXEC`.
         let mut pending: Option<Pending> = None;
-        let mut recs: Vec<bytes::Bytes> = Vec::new();
-        let (mut first, mut bytes) = (start, 0usize);
+        let mut tx = Tx {
+            first: start,
+            records: Vec::new(),
+            chunk_ends: Vec::new(),
+            trailing: true,
+        };
+        let mut bytes = 0usize;
+        let mut chunk_len = 0usize;
+        let mut sent_any = false;
         let mut chunks = AsyncChunks::new(epoch);
         while let Some(chunk) = chunks.next().await {
             for r in chunk?.records() {
@@ -412,35 +485,478 @@ impl AsyncSink for RedisSink {
                     continue;
                 }
                 bytes += r.data.len();
-                recs.push(r.data);
-                if recs.len() as u64 >= max_records || bytes >= max_bytes {
-                    let call = self.call(&key, &field, first, &recs, total, meta);
-                    first += recs.len() as u64;
-                    recs.clear();
+                tx.records.push(r.data);
+                chunk_len += 1;
+                if chunk_len >= max_records || bytes >= max_bytes {
+                    tx.chunk_ends.push(tx.records.len());
+                    chunk_len = 0;
                     bytes = 0;
-                    group.push(call);
-                    if group.len() >= self.config.in_flight {
-                        if let Some(p) = pending.take() {
-                            self.settle(p).await?;
+                    if tx.chunk_ends.len() >= per_tx {
+                        tx.trailing = tx.end() != total;
+                        sent_any = true;
+                        let next = Tx {
+                            first: tx.end(),
+                            records: Vec::with_capacity(tx.records.len()),
+                            chunk_ends: Vec::new(),
+                            trailing: true,
+                        };
+                        let full = std::mem::replace(&mut tx, next);
+                        match self.send(&mut c, &ctx, full, &mut pending, seen).await? {
+                            Some(s) => seen = s,
+                            None => {
+                                self.dirty = false;
+                                return Ok(());
+                            }
                         }
-                        pending = Some(self.spawn_send(std::mem::take(&mut group), cp).await?);
                     }
                 }
             }
         }
-        if !recs.is_empty() || start == total {
-            // The rest, or an empty call that marks an epoch without (further) records
-            // complete.
-            group.push(self.call(&key, &field, first, &recs, total, meta));
+        if chunk_len > 0 {
+            tx.chunk_ends.push(tx.records.len());
+        }
+        if !tx.records.is_empty() || !sent_any {
+            // The rest, or a transaction without records that marks an epoch without
+            // (further) records complete.
+            if tx.records.is_empty() {
+                tx.chunk_ends.push(0);
+            }
+            tx.trailing = false;
+            if self
+                .send(&mut c, &ctx, tx, &mut pending, seen)
+                .await?
+                .is_none()
+            {
+                self.dirty = false;
+                return Ok(());
+            }
         }
         if let Some(p) = pending.take() {
             self.settle(p).await?;
         }
-        if !group.is_empty() {
-            let p = self.spawn_send(group, cp).await?;
-            self.settle(p).await?;
-        }
+        self.dirty = false;
         Ok(())
+    }
+
+    /// Packs `tx`, waits for the transaction in flight, then sends `tx` on a task of its
+    /// own. Returns the state `tx` is to start from (`seen`, or what the one in flight read
+    /// after its `EXEC`), `None` when the marker showed the epoch complete.
+    async fn send(
+        &mut self,
+        c: &mut MultiplexedConnection,
+        ctx: &Arc<Ctx>,
+        tx: Tx,
+        pending: &mut Option<Pending>,
+        seen: Seen,
+    ) -> Result<Option<Seen>, SinkError> {
+        let built = build(ctx, &tx, 0);
+        let mut seen = seen;
+        if let Some(p) = pending.take() {
+            let done = self.settle(p).await?;
+            if done.covered {
+                return Ok(None);
+            }
+            if let Some(s) = done.seen {
+                seen = s;
+            }
+        }
+        *pending = Some(tokio::spawn(run(
+            c.clone(),
+            ctx.clone(),
+            tx,
+            built,
+            seen.clone(),
+        )));
+        Ok(Some(seen))
+    }
+}
+
+fn kind_fits(kind: &str, mode: Mode) -> bool {
+    kind == "none" || kind == mode.name()
+}
+
+fn wrong_type(ctx: &Ctx, kind: &str) -> SinkError {
+    coded(
+        "WRONGTYPE",
+        &format!(
+            "key {} holds a {kind}, the sink writes a {}; nothing written",
+            ctx.data_key,
+            ctx.mode.name()
+        ),
+        &ctx.shown,
+    )
+}
+
+/// Best effort: a `WATCH` left on the connection would only make its next transaction
+/// stricter.
+async fn unwatch(c: &mut MultiplexedConnection) {
+    let _: Result<(), _> = redis::cmd("UNWATCH").query_async(c).await;
+}
+
+/// `WATCH` on the marker key and the reads after it, appended to `p`.
+fn add_reads(p: &mut redis::Pipeline, ctx: &Ctx) {
+    p.cmd("WATCH").arg(&ctx.marker_key);
+    p.cmd("HGET").arg(&ctx.marker_key).arg("marker");
+    p.cmd("HGET").arg(&ctx.old_key).arg(&ctx.old_field);
+    p.cmd("TYPE").arg(&ctx.data_key);
+}
+
+/// Decodes the replies of [`add_reads`].
+fn parse_reads(ctx: &Ctx, v: &[Value]) -> Result<Seen, Failed> {
+    let what = format!("{}: watch and read the marker", ctx.shown);
+    for r in v {
+        if let Value::ServerError(e) = r {
+            return Err(Failed::Sink(classify_server(e, &what)));
+        }
+    }
+    let text = |v: &Value| -> Result<Option<String>, Failed> {
+        match v {
+            Value::Nil => Ok(None),
+            Value::BulkString(b) => Ok(Some(String::from_utf8_lossy(b).into_owned())),
+            Value::SimpleString(s) => Ok(Some(s.clone())),
+            Value::Okay => Ok(Some("OK".into())),
+            other => Err(Failed::Sink(SinkError::permanent(format!(
+                "{what}: unexpected reply {other:?}"
+            )))),
+        }
+    };
+    let [_, new, old, kind] = v else {
+        return Err(Failed::Sink(SinkError::permanent(format!(
+            "{what}: {} replies, not 4",
+            v.len()
+        ))));
+    };
+    let (s, at) = match (text(new)?, text(old)?) {
+        (Some(s), _) => (Some(s), format!("{} field marker", ctx.marker_key)),
+        (None, Some(s)) => (Some(s), format!("{} field {}", ctx.old_key, ctx.old_field)),
+        (None, None) => (None, String::new()),
+    };
+    let marker = match s {
+        None => None,
+        Some(s) => Some(Marker::decode(&s).ok_or_else(|| {
+            Failed::Sink(coded(
+                "WALSINK_MARKER",
+                &format!("the marker {at} holds {s:?}, not a walsink marker"),
+                &what,
+            ))
+        })?),
+    };
+    Ok(Seen {
+        marker,
+        kind: text(kind)?.unwrap_or_default(),
+    })
+}
+
+async fn watch_and_read(c: &mut MultiplexedConnection, ctx: &Ctx) -> Result<Seen, Failed> {
+    let mut p = redis::pipe();
+    p.ignore_errors();
+    add_reads(&mut p, ctx);
+    let v: Vec<Value> = p
+        .query_async(c)
+        .await
+        .map_err(|e| Failed::Client(e, format!("{}: watch and read the marker", ctx.shown)))?;
+    parse_reads(ctx, &v)
+}
+
+/// The pipeline of `tx` without its first `skip` records: `MULTI`, the writes, the marker
+/// move, `EXEC`, and the reads for the next transaction when `tx.trailing`.
+fn build(ctx: &Ctx, tx: &Tx, skip: usize) -> redis::Pipeline {
+    let recs = &tx.records[skip..];
+    let mut p = redis::pipe();
+    p.ignore_errors();
+    p.cmd("MULTI");
+    match ctx.mode {
+        Mode::List => {
+            for part in recs.chunks(MAX_VALUES) {
+                let cmd = p.cmd("RPUSH").arg(&ctx.data_key);
+                for r in part {
+                    cmd.arg(&r[..]);
+                }
+            }
+        }
+        Mode::Stream => {
+            for r in recs {
+                p.cmd("XADD")
+                    .arg(&ctx.data_key)
+                    .arg("*")
+                    .arg("record")
+                    .arg(&r[..]);
+            }
+        }
+        Mode::Hash => {
+            for part in recs.chunks(MAX_VALUES / 2) {
+                let cmd = p.cmd("HSET").arg(&ctx.data_key);
+                for r in part {
+                    let (f, v) = split_hash(r);
+                    cmd.arg(f).arg(v);
+                }
+            }
+        }
+    }
+    let end = tx.end();
+    let marker = Marker {
+        checkpoint: ctx.checkpoint,
+        next: end,
+        done: end == ctx.total,
+    };
+    let eval = p
+        .cmd("EVAL")
+        .arg(script::MOVE)
+        .arg(3)
+        .arg(&ctx.data_key)
+        .arg(&ctx.marker_key)
+        .arg(&ctx.old_key)
+        .arg(&ctx.old_field)
+        .arg(marker.encode())
+        .arg(if marker.done { &ctx.meta[..] } else { &[][..] })
+        .arg(ctx.mode.name())
+        .arg(recs.len());
+    match recs.last() {
+        None => {
+            eval.arg("").arg("");
+        }
+        Some(r) if ctx.mode == Mode::Hash => {
+            let (f, v) = split_hash(r);
+            eval.arg(f).arg(v);
+        }
+        Some(r) => {
+            eval.arg(&r[..]).arg("");
+        }
+    }
+    p.cmd("EXEC");
+    if tx.trailing {
+        add_reads(&mut p, ctx);
+    }
+    p
+}
+
+fn split_hash(r: &[u8]) -> (&[u8], &[u8]) {
+    let tab = r.iter().position(|b| *b == b'\t').unwrap_or(r.len());
+    (&r[..tab], r.get(tab + 1..).unwrap_or(&[]))
+}
+
+/// How many write commands [`build`] queues for `n` records.
+fn writes(mode: Mode, n: usize) -> usize {
+    match mode {
+        Mode::List => n.div_ceil(MAX_VALUES),
+        Mode::Stream => n,
+        Mode::Hash => n.div_ceil(MAX_VALUES / 2),
+    }
+}
+
+/// What the marker says about `tx`.
+enum Decision {
+    /// The epoch is complete in the target.
+    Covered,
+    /// The marker is past `tx`: nothing of it to send.
+    Ahead,
+    /// Send `tx` without its first `n` records.
+    Skip(usize),
+}
+
+fn decide(ctx: &Ctx, tx: &Tx, seen: &Seen) -> Result<Decision, Failed> {
+    let cp = ctx.checkpoint;
+    let gap = |why: String| {
+        Failed::Sink(coded(
+            "WALSINK_GAP",
+            &format!(
+                "checkpoint {cp}: transaction from record {} but {why}",
+                tx.first
+            ),
+            &ctx.shown,
+        ))
+    };
+    let skip = match seen.marker {
+        Some(m) if m.covers(cp) => return Ok(Decision::Covered),
+        Some(m) if m.checkpoint == cp => {
+            if tx.first > m.next {
+                return Err(gap(format!("the marker is at record {}", m.next)));
+            }
+            m.next - tx.first
+        }
+        Some(_) if tx.first > 0 => return Err(gap("the epoch was never started".into())),
+        None if tx.first > 0 => return Err(gap("there is no marker".into())),
+        _ => 0,
+    };
+    let n = tx.records.len() as u64;
+    let ends_epoch = tx.end() == ctx.total;
+    if skip > n || (skip == n && !ends_epoch) {
+        return Ok(Decision::Ahead);
+    }
+    Ok(Decision::Skip(skip as usize))
+}
+
+/// Runs one transaction until `EXEC` applies it (or the marker shows it applied), going
+/// back to `WATCH` after each abort.
+async fn run(
+    mut c: MultiplexedConnection,
+    ctx: Arc<Ctx>,
+    tx: Tx,
+    built: redis::Pipeline,
+    mut seen: Seen,
+) -> Result<Done, Failed> {
+    let mut done = Done::default();
+    let mut built = Some(built);
+    let mut attempt = 0u32;
+    loop {
+        let skip = match decide(&ctx, &tx, &seen) {
+            Ok(Decision::Covered) => {
+                unwatch(&mut c).await;
+                done.covered = true;
+                return Ok(done);
+            }
+            Ok(Decision::Ahead) => {
+                done.skipped += tx.chunk_ends.len() as u64;
+                // Still watched and still true: the next transaction starts from it.
+                done.seen = tx.trailing.then_some(seen);
+                return Ok(done);
+            }
+            Ok(Decision::Skip(s)) => s,
+            Err(e) => {
+                unwatch(&mut c).await;
+                return Err(e);
+            }
+        };
+        let n = tx.records.len() - skip;
+        if n > 0 && !kind_fits(&seen.kind, ctx.mode) {
+            unwatch(&mut c).await;
+            return Err(Failed::Sink(wrong_type(&ctx, &seen.kind)));
+        }
+        let p = match built.take() {
+            Some(p) if skip == 0 => p,
+            _ => build(&ctx, &tx, skip),
+        };
+        if let Some(h) = &ctx.hook {
+            h(HookPoint {
+                checkpoint: ctx.checkpoint,
+                first: tx.first + skip as u64,
+                count: n as u64,
+                attempt,
+            });
+        }
+        let shown = || {
+            format!(
+                "{}: records {}..{}",
+                ctx.shown,
+                tx.first + skip as u64,
+                tx.end()
+            )
+        };
+        let v: Vec<Value> = p
+            .query_async(&mut c)
+            .await
+            .map_err(|e| Failed::Client(e, shown()))?;
+        let w = writes(ctx.mode, n);
+        // MULTI, w writes, EVAL, EXEC, then the reads.
+        if v.len() != w + 3 + if tx.trailing { 4 } else { 0 } {
+            return Err(Failed::Sink(SinkError::permanent(format!(
+                "{}: {} replies to a transaction of {w} writes",
+                shown(),
+                v.len()
+            ))));
+        }
+        let after = if tx.trailing {
+            Some(parse_reads(&ctx, &v[w + 3..]))
+        } else {
+            None
+        };
+        match &v[w + 2] {
+            Value::Nil => {
+                // The marker key changed after WATCH: read again (the trailing reads did,
+                // under a new WATCH) and resend what the marker does not show applied.
+                done.aborts += 1;
+                attempt += 1;
+                if attempt > MAX_ABORTS {
+                    unwatch(&mut c).await;
+                    return Err(Failed::Sink(SinkError::retryable(format!(
+                        "{}: {attempt} transactions in a row aborted by changes of {}: is another walsink writing with the same sink id and subtask?",
+                        shown(),
+                        ctx.marker_key
+                    ))));
+                }
+                seen = match after {
+                    Some(r) => r?,
+                    None => watch_and_read(&mut c, &ctx).await?,
+                };
+                continue;
+            }
+            Value::Array(results) if results.len() == w + 1 => {
+                let write_err = results[..w].iter().find_map(|r| match r {
+                    Value::ServerError(e) => Some(e),
+                    _ => None,
+                });
+                match (&results[w], write_err) {
+                    (Value::Int(1), None) => {}
+                    (Value::Int(1), Some(e)) => {
+                        return Err(Failed::Poison(format!(
+                            "{}: the marker moved to record {} but a write failed ({} {}): records may be missing from {}",
+                            shown(),
+                            tx.end(),
+                            e.code(),
+                            e.details().unwrap_or(""),
+                            ctx.data_key
+                        )))
+                    }
+                    (Value::ServerError(e), Some(_)) => {
+                        unwatch(&mut c).await;
+                        return Err(Failed::Sink(classify_server(e, &shown())));
+                    }
+                    (Value::ServerError(e), None) if n > 0 => {
+                        return Err(Failed::Poison(format!(
+                            "{}: the records were written to {} but the marker did not move ({} {}): a retry would write them again",
+                            shown(),
+                            ctx.data_key,
+                            e.code(),
+                            e.details().unwrap_or("")
+                        )))
+                    }
+                    (Value::ServerError(e), None) => {
+                        unwatch(&mut c).await;
+                        return Err(Failed::Sink(classify_server(e, &shown())));
+                    }
+                    (other, _) => {
+                        return Err(Failed::Sink(SinkError::permanent(format!(
+                            "{}: unexpected reply to the marker move: {other:?}",
+                            shown()
+                        ))))
+                    }
+                }
+                // Chunks the marker showed applied before this attempt (none of a
+                // transaction without records, which only completes the epoch).
+                let skipped = if tx.records.is_empty() {
+                    0
+                } else {
+                    tx.chunk_ends.iter().filter(|e| **e <= skip).count() as u64
+                };
+                done.skipped += skipped;
+                done.applied += tx.chunk_ends.len() as u64 - skipped;
+                done.transactions += 1;
+                done.seen = after.transpose()?;
+                return Ok(done);
+            }
+            Value::ServerError(e) => {
+                // EXECABORT: a command was refused when queued (OOM, NOPERM, …) and nothing
+                // ran; the refusal says why.
+                let first = v[..w + 2].iter().find_map(|r| match r {
+                    Value::ServerError(e) => Some(e),
+                    _ => None,
+                });
+                unwatch(&mut c).await;
+                return Err(Failed::Sink(classify_server(first.unwrap_or(e), &shown())));
+            }
+            other => {
+                return Err(Failed::Sink(SinkError::permanent(format!(
+                    "{}: unexpected reply to EXEC: {other:?}",
+                    shown()
+                ))))
+            }
+        }
+    }
+}
+
+impl AsyncSink for RedisSink {
+    async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+        self.deliver_epoch(epoch).await
     }
 
     fn stores_marker(&self) -> bool {

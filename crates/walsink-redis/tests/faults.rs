@@ -1,7 +1,8 @@
 //! Failures against the local Redis: connections killed mid-epoch (`CLIENT KILL`), a script
-//! cache flushed under the sink (`NOSCRIPT`), a key of the wrong type, a hash record without
-//! a tab, and an epoch cut half-way that resumes where it stopped. In each, every record ends
-//! up in Redis exactly once, or the error is permanent and nothing of the epoch is written.
+//! cache flushed under the sink, a key of the wrong type, a hash record without a tab, and an
+//! epoch cut half-way that resumes where it stopped. In each, every record ends up in Redis
+//! exactly once, or the error is permanent and nothing of the epoch is written. The
+//! transaction protocol itself is in `transactions.rs`.
 
 mod common;
 
@@ -232,7 +233,9 @@ async fn a_hash_record_without_a_tab_is_permanent_and_names_its_position() {
     not(servers),
     ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
 )]
-async fn a_flushed_script_cache_is_reloaded_and_the_chunk_resent() {
+async fn a_flushed_script_cache_does_not_matter() {
+    // The marker move is sent whole with EVAL inside each MULTI, never as EVALSHA: a flushed
+    // script cache cannot refuse it after the writes queued before it.
     let id = sink_id("noscript");
     let (_d, wal) = log(&id);
     let want = numbered(0, 400);
@@ -246,8 +249,8 @@ async fn a_flushed_script_cache_is_reloaded_and_the_chunk_resent() {
         .unwrap();
     seal(&wal, 2, &want[200..]);
     deliver_ready(&wal, &mut s).await.unwrap();
-    assert!(s.stats().script_reloads >= 1, "{:?}", s.stats());
     assert_eq!(contents(s.config(), 0).await, want);
+    assert_eq!(s.stats().aborts, 0, "{:?}", s.stats());
 }
 
 #[tokio::test(flavor = "multi_thread")]

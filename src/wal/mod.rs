@@ -5,6 +5,7 @@
 
 mod bootstrap;
 mod cleanup;
+mod gather;
 mod seam;
 
 use crate::config::{FullPolicy, Mode, Options};
@@ -58,6 +59,8 @@ pub(crate) struct Shared {
     sink_id: Arc<str>,
     w: Mutex<Writer>,
     synced_cv: Condvar,
+    /// Durable appenders on their way, for group commit's gathering.
+    gather: gather::Gathering,
     cat: Mutex<Catalog>,
     cat_cv: Condvar,
     store: Mutex<Box<dyn CommitStore>>,
@@ -258,6 +261,7 @@ impl WalSink {
             sink_id,
             w: Mutex::new(writer),
             synced_cv: Condvar::new(),
+            gather: Default::default(),
             cat: Mutex::new(cat),
             cat_cv: Condvar::new(),
             store: Mutex::new(store),
@@ -318,22 +322,33 @@ impl WalSink {
     /// Appends records already checked against the size limit.
     fn append_checked<'a>(&self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<()> {
         let sh = &*self.shared;
-        let target = self.write_records(records)?;
-        if sh.opts.mode == Mode::Durable {
-            sh.sync_to(target)?;
+        if sh.opts.mode != Mode::Durable {
+            self.write_records(records, None)?;
+            return Ok(());
         }
-        Ok(())
+        let mut arrival = sh.gather.arrive();
+        let target = self.write_records(records, Some(&mut arrival))?;
+        sh.sync_to(target)
     }
 
     /// Writes records already checked against the size limit, after waiting for budget;
     /// returns the position that must be durable for them to be.
-    fn write_records<'a>(&self, records: impl IntoIterator<Item = &'a [u8]>) -> Result<Position> {
+    /// A durable appender's `arrival` is told, under the writer lock, once they are written.
+    fn write_records<'a>(
+        &self,
+        records: impl IntoIterator<Item = &'a [u8]>,
+        arrival: Option<&mut gather::Arrival<'_>>,
+    ) -> Result<Position> {
         let sh = &*self.shared;
         tracing::trace!(sink_id = %sh.sink_id, "append batch");
         self.wait_for_budget()?;
         let mut w = sh.w.lock();
         check_poison(&w)?;
-        self.shared.write_data(&mut w, records)
+        let end = self.shared.write_data(&mut w, records)?;
+        if let Some(a) = arrival {
+            a.wrote();
+        }
+        Ok(end)
     }
 
     /// Appends `records` only if that needs neither I/O nor a wait: the frames fit in the
@@ -377,7 +392,9 @@ impl WalSink {
         for r in records {
             self.check_size(r)?;
         }
-        Ok(DurablePoint(self.write_records(records.iter().copied())?))
+        Ok(DurablePoint(
+            self.write_records(records.iter().copied(), None)?,
+        ))
     }
 
     /// Returns once everything written up to `point` is durable (group commit: concurrent
@@ -715,6 +732,28 @@ impl Shared {
         err
     }
 
+    /// What the next sync must cover, after sealing the open epoch with an automatic barrier
+    /// in durable mode.
+    fn prepare_sync(&self, w: &mut MutexGuard<'_, Writer>) -> Result<crate::log::segment::SyncSet> {
+        check_poison(w)?;
+        if self.opts.mode == Mode::Durable && w.open_records > 0 {
+            let Some(id) = w.min_next_id else {
+                return Err(ErrorKind::InvalidCheckpoint {
+                    id: u64::MAX,
+                    min_allowed: None,
+                }
+                .into());
+            };
+            self.write_barrier(w, id.max(1), &[])?;
+        }
+        let set = w
+            .seg
+            .take_sync_set()
+            .map_err(|e| self.poison(w, "write to the active segment", e))?;
+        self.gather.sync_starts();
+        Ok(set)
+    }
+
     /// Returns once everything before `target` is durable. One sync runs at a time; callers
     /// that arrive during it wait and are served by the next one (group commit). In durable
     /// mode the syncing thread first seals the open epoch with an automatic barrier.
@@ -729,23 +768,23 @@ impl Shared {
                 self.synced_cv.wait(&mut w);
                 continue;
             }
-            if self.opts.mode == Mode::Durable && w.open_records > 0 {
-                let Some(id) = w.min_next_id else {
-                    return Err(ErrorKind::InvalidCheckpoint {
-                        id: u64::MAX,
-                        min_allowed: None,
-                    }
-                    .into());
-                };
-                self.write_barrier(&mut w, id.max(1), &[])?;
+            w.sync_in_flight = true;
+            if self.gather.worth_waiting() {
+                // Appenders are on their way: let this sync cover them too.
+                MutexGuard::unlocked(&mut w, || self.gather.wait_for_writers());
             }
-            let set = match w.seg.take_sync_set() {
-                Ok(s) => s,
-                Err(e) => return Err(self.poison(&mut w, "write to the active segment", e)),
+            let set = match self.prepare_sync(&mut w) {
+                Ok(set) => set,
+                Err(e) => {
+                    w.sync_in_flight = false;
+                    self.synced_cv.notify_all();
+                    return Err(e);
+                }
             };
             let upto = w.seg.position();
-            w.sync_in_flight = true;
+            let started = std::time::Instant::now();
             let res = MutexGuard::unlocked(&mut w, || set.sync(&*self.storage));
+            self.gather.note_sync(started.elapsed());
             w.sync_in_flight = false;
             if let Err((context, e)) = res {
                 let err = self.poison(&mut w, context, e);

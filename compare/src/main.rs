@@ -3,7 +3,8 @@
 //! durability. Every result is reported as a ratio to the matching floor measured in the same
 //! round, because this machine's disk switches between a fast and a throttled mode.
 //!
-//! Usage: `cargo run --release --manifest-path compare/Cargo.toml -- [--rounds N] [--quick]`
+//! Usage: `cargo run --release --manifest-path compare/Cargo.toml -- [--rounds N] [--quick]
+//! [--only CASE-PREFIX] [--durable-ops N]`
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Read, Write};
@@ -494,7 +495,12 @@ fn main() {
         .cloned()
         .unwrap_or_default();
     let run_case = |case: &str| case.starts_with(only.as_str());
-    let cfg = if quick {
+    let durable_ops = args
+        .iter()
+        .position(|a| a == "--durable-ops")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok());
+    let mut cfg = if quick {
         Cfg {
             rounds,
             bulk_bytes: 16 * MIB,
@@ -511,6 +517,9 @@ fn main() {
             memory_bytes: 4096 * MIB,
         }
     };
+    if let Some(n) = durable_ops {
+        cfg.durable_ops = n;
+    }
     let base = tempfile::Builder::new()
         .prefix("walsink-compare-")
         .tempdir_in(".")

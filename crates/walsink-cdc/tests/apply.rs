@@ -475,6 +475,31 @@ async fn bad_events_and_missing_tables_are_permanent_errors_naming_them() {
     t2.drop_schema().await;
 }
 
+/// An epoch much larger than the parser's batches and the read chunk, with a bad event early
+/// and a bad one late: the first is named, nothing of the epoch is applied, and the delivery
+/// returns (the parser and the log reader stop with the planning).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn a_bad_event_in_a_large_epoch_stops_it_whole_and_promptly() {
+    let mut t = Target::new("badlarge", "").await;
+    let mut events: Vec<Value> = (0..60_000)
+        .map(|i| ev("c", 10 + i as u64, None, Some((i, &"x".repeat(200)))))
+        .collect();
+    events[1_000] = json!({"op": "c", "after": {"id": 1}, "source": {"table": "t"}});
+    events[50_000] = json!("not an event");
+    let e = tokio::time::timeout(std::time::Duration::from_secs(60), t.epoch(&events))
+        .await
+        .expect("the delivery returns");
+    assert!(e.is_err());
+    let msg = t.wal.health().last_error.unwrap_or_default();
+    assert!(msg.contains("checkpoint 1, index 1000"), "{msg}");
+    assert_eq!(t.rows().await, vec![]);
+    t.drop_schema().await;
+}
+
 /// The conformance suite: each sink id gets a schema of its own with table `ev`, records are
 /// Debezium creates of id `i` at position `i + 1`, and the replica read back in key order.
 struct Conf;

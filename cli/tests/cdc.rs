@@ -168,7 +168,10 @@ fn kill_loop_from_a_file_of_events_ends_with_the_replica_equal_to_the_source() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let d = tempfile::tempdir().unwrap();
     let schema = format!("cdc_cli_{}_{:x}", std::process::id(), fastrand::u32(..));
-    let (lines, state) = stream(7, 30_000);
+    // Large enough, and killed early enough, that most runs die mid-work: the apply got
+    // faster (typed arrays), and 30,000 changes with kills after 150-900 ms let most runs
+    // finish first.
+    let (lines, state) = stream(7, 60_000);
     let inp = d.path().join("events.jsonl");
     let mut f = std::io::BufWriter::new(std::fs::File::create(&inp).unwrap());
     for l in &lines {
@@ -211,7 +214,7 @@ fn kill_loop_from_a_file_of_events_ends_with_the_replica_equal_to_the_source() {
     .iter()
     .map(|a| a.to_string())
     .collect();
-    let killed = kill_loop(&args, 12, 11, 150, 900);
+    let killed = kill_loop(&args, 16, 11, 30, 400);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let o = walsink(&refs);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -56,10 +56,16 @@ impl Window {
 
     fn read(&mut self, at: u64, size: usize) -> Result<()> {
         let size = (size as u64).min(self.len.saturating_sub(at)) as usize;
-        self.buf = self
-            .file
-            .read_range(at, size)
+        // Reuse the last window's buffer when nothing else holds it: its pages are mapped
+        // already, and a fresh 8 MiB buffer per read spent most of recovery in page faults.
+        let mut v = std::mem::take(&mut self.buf)
+            .try_into_mut()
+            .map(Vec::from)
+            .unwrap_or_default();
+        self.file
+            .read_range_into(at, size, &mut v)
             .map_err(|e| Error::io(format!("read segment {}", self.name), e))?;
+        self.buf = Bytes::from(v);
         self.base = at;
         Ok(())
     }

@@ -218,15 +218,19 @@ impl Config {
         self.key.replace("$subtask", &subtask.to_string())
     }
 
-    /// The commit-marker key of `(sink_id, subtask)`: the hash
-    /// `walsink:{TAG}:committed:SINK/SUBTASK`, where `TAG` is the hash tag of the data key of
-    /// `subtask` (or the whole key when it has none), so marker and data share one hash slot
-    /// and one transaction can touch both on a cluster. Only that sink id and subtask write
-    /// it (see [`script`](crate::script) for its fields).
+    /// The commit-marker key of `(sink_id, subtask)` writing to the data key `KEY` of
+    /// `subtask`: the hash `walsink:{TAG}:committed:LEN:KEY:SINK/SUBTASK`, where `TAG` is the
+    /// hash tag of `KEY` (or the whole key when it has none), so marker and data share one
+    /// hash slot and one transaction can touch both on a cluster, and `LEN` is the length of
+    /// `KEY` in bytes, so that no two data keys (`a:b` and `a`, or two keys sharing a tag)
+    /// share a marker. Only that sink id and subtask write it, for that key only (see
+    /// [`script`](crate::script) for its fields).
     pub fn marker_key(&self, sink_id: &str, subtask: u32) -> String {
+        let key = self.key_for(subtask);
         format!(
-            "{}:{}",
+            "{}:{}:{key}:{}",
             self.old_marker_key(subtask),
+            key.len(),
             crate::script::field(sink_id, subtask)
         )
     }
@@ -358,15 +362,20 @@ mod tests {
     fn the_marker_shares_the_data_keys_slot() {
         assert_eq!(
             Config::new("orders").marker_key("s", 0),
-            "walsink:{orders}:committed:s/0"
+            "walsink:{orders}:committed:6:orders:s/0"
         );
         assert_eq!(
             Config::new("app:{users}:log").marker_key("a{b}", 2),
-            "walsink:{users}:committed:a{b}/2"
+            "walsink:{users}:committed:15:app:{users}:log:a{b}/2"
         );
         assert_eq!(
             Config::new("out:$subtask").marker_key("s", 3),
-            "walsink:{out:3}:committed:s/3"
+            "walsink:{out:3}:committed:5:out:3:s/3"
+        );
+        // Two keys sharing a tag, under one sink id, have markers of their own.
+        assert_ne!(
+            Config::new("x:{T}:orders").marker_key("pipe", 0),
+            Config::new("x:{T}:payments").marker_key("pipe", 0)
         );
         assert_eq!(
             Config::new("out:$subtask").old_marker_key(3),

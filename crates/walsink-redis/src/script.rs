@@ -1,15 +1,16 @@
 //! The commit marker's layout and encoding, and the small script that moves it at the end of
 //! each transaction.
 //!
-//! The marker of a sink id and subtask is the hash `walsink:{TAG}:committed:SINK/SUBTASK`
-//! ([`Config::marker_key`](crate::Config::marker_key)), in the data key's hash slot. Its field
+//! The marker of a data key `KEY`, sink id and subtask is the hash
+//! `walsink:{TAG}:committed:LEN:KEY:SINK/SUBTASK` ([`Config::marker_key`](crate::Config::marker_key)),
+//! in the data key's hash slot (`LEN` is `KEY`'s length, so two keys never share one). Its field
 //! `marker` holds `CHECKPOINT:NEXT:DONE`: the epoch being applied (its id padded to 20
 //! digits), the index of its first record not applied yet, and `1` once the whole epoch is
 //! applied. Its field `meta` holds `CHECKPOINT\nMETADATA` of the newest complete epoch. Only
 //! that (sink id, subtask) writes the key, so it can be `WATCH`ed without parallel subtasks
 //! aborting each other's transactions.
 //!
-//! Earlier versions kept both in one hash per data key, `walsink:{TAG}:committed`
+//! Earlier versions kept both in one hash per hash tag, `walsink:{TAG}:committed`
 //! ([`Config::old_marker_key`](crate::Config::old_marker_key)), as the fields `SINK/SUBTASK`
 //! and `SINK/SUBTASK:meta`. They are read when the per-sink key does not exist, and the first
 //! marker move moves them to it (in the same atomic step), so a deployment keeps its progress.

@@ -641,6 +641,23 @@ fn parse_reads(ctx: &Ctx, v: &[Value]) -> Result<Seen, Failed> {
             ))
         })?),
     };
+    // A marker on this epoch never points past its end, and says it complete only at its
+    // end: anything else was written by someone else, and trusting it would skip records.
+    if let Some(m) = marker.filter(|m| m.checkpoint == ctx.checkpoint) {
+        if m.next > ctx.total || (m.done && m.next != ctx.total) {
+            return Err(Failed::Sink(coded(
+                "WALSINK_MARKER",
+                &format!(
+                    "the marker {at} says checkpoint {} is {} at record {}, but the epoch has {} records: it was changed by someone else",
+                    m.checkpoint,
+                    if m.done { "complete" } else { "applied up to" },
+                    m.next,
+                    ctx.total
+                ),
+                &what,
+            )));
+        }
+    }
     Ok(Seen {
         marker,
         kind: text(kind)?.unwrap_or_default(),

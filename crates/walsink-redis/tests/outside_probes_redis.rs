@@ -8,6 +8,9 @@ use walsink::{EpochKey, MemoryCommitStore, Options, WalSink};
 use walsink_redis::{Config, Mode, RedisSink};
 use walsink_tokio::{deliver_ready, AsyncSink};
 
+/// One `XRANGE` entry: its id and its field-value pairs.
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
 const URL: &str = "redis://127.0.0.1:6379/0";
 
 async fn admin() -> redis::aio::MultiplexedConnection {
@@ -63,7 +66,7 @@ async fn list(key: &str) -> Vec<Vec<u8>> {
 
 async fn stream(key: &str) -> Vec<Vec<u8>> {
     let mut a = admin().await;
-    let v: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+    let v: Vec<StreamEntry> = redis::cmd("XRANGE")
         .arg(key)
         .arg("-")
         .arg("+")
@@ -112,7 +115,10 @@ fn ekey(sink: &str, cp: u64) -> EpochKey {
 /// data key once". Both keys get the same marker key, so the second log's epochs are taken
 /// as committed and never written.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn keys_sharing_a_hash_tag_under_one_sink_id_each_get_their_records() {
     let tag = uniq("probetag");
     let ka = format!("probe:{{{tag}}}:orders");
@@ -121,7 +127,9 @@ async fn keys_sharing_a_hash_tag_under_one_sink_id_each_get_their_records() {
     let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (wa, wb) = (open_log(da.path(), sink_id), open_log(db.path(), sink_id));
     let ra: Vec<Vec<u8>> = (0..50).map(|i| format!("order-{i}").into_bytes()).collect();
-    let rb: Vec<Vec<u8>> = (0..50).map(|i| format!("payment-{i}").into_bytes()).collect();
+    let rb: Vec<Vec<u8>> = (0..50)
+        .map(|i| format!("payment-{i}").into_bytes())
+        .collect();
     seal(&wa, 1, &ra);
     seal(&wb, 1, &rb);
     let mut sa = RedisSink::new(cfg(&ka, Mode::List, 1000, 4)).unwrap();
@@ -147,7 +155,10 @@ async fn keys_sharing_a_hash_tag_under_one_sink_id_each_get_their_records() {
 /// changed by someone else" (permanent). A delivery must not report the epoch delivered
 /// while Redis holds none of its records and the marker does not show it complete.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn a_marker_past_the_epochs_end_is_not_taken_as_delivered() {
     let key = format!("probe:{}", uniq("past"));
     let sink_id = uniq("s");
@@ -181,7 +192,10 @@ async fn a_marker_past_the_epochs_end_is_not_taken_as_delivered() {
 
 /// A garbage marker is refused permanently (documented `WALSINK_MARKER`).
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn garbage_markers_are_refused() {
     for garbage in ["hello", "1:2", "x:1:1", "00000000000000000001:-1:0", ""] {
         let key = format!("probe:{}", uniq("garb"));
@@ -215,7 +229,10 @@ async fn garbage_markers_are_refused() {
 /// few ms), sometimes with a new sink (a crash), sometimes with a `CLIENT KILL` racing it,
 /// then delivered again: every record lands exactly once, in order, in each mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn random_drops_and_kills_give_each_record_once_in_order() {
     let mut total_attempts = 0u32;
     let mut total_cut = 0u32;
@@ -251,9 +268,7 @@ async fn random_drops_and_kills_give_each_record_once_in_order() {
             want.extend(recs.iter().cloned());
             seal(&wal, cp, &recs);
         }
-        let mk_cfg = |rng: &mut fastrand::Rng| {
-            cfg(&key, mode, rng.usize(1..40), rng.usize(1..4))
-        };
+        let mk_cfg = |rng: &mut fastrand::Rng| cfg(&key, mode, rng.usize(1..40), rng.usize(1..4));
         let mut sink = RedisSink::new(mk_cfg(&mut rng)).unwrap();
         let marker_key = sink.config().marker_key(&sink_id, 0);
         let mut attempts = 0;
@@ -307,7 +322,9 @@ async fn random_drops_and_kills_give_each_record_once_in_order() {
             }
             if attempts > 60 {
                 // Give it time to finish without cuts.
-                let _ = tokio::time::timeout(Duration::from_secs(20), deliver_ready(&wal, &mut sink)).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(20), deliver_ready(&wal, &mut sink))
+                        .await;
             }
         }
         total_attempts += attempts;
@@ -331,12 +348,17 @@ async fn random_drops_and_kills_give_each_record_once_in_order() {
         // The last epoch may be empty and never sent; the metadata is of the newest complete
         // epoch Redis holds.
         if let Some(c) = committed {
-            assert!(c.checkpoint <= 4 && c.metadata == format!("meta-{}", c.checkpoint).into_bytes());
+            assert!(
+                c.checkpoint <= 4 && c.metadata == format!("meta-{}", c.checkpoint).into_bytes()
+            );
         }
         let _ = covered;
     }
     eprintln!("attempts {total_attempts}, cut {total_cut}, 'another deliverer' {busy}");
-    assert!(total_cut > 5, "few cuts landed: {total_cut} of {total_attempts}");
+    assert!(
+        total_cut > 5,
+        "few cuts landed: {total_cut} of {total_attempts}"
+    );
     // docs/async.md: a dropped deliver_ready's epoch "is offered again by the next call";
     // the next call should not be refused as if another deliverer ran.
     assert_eq!(busy, 0, "calls refused with 'another deliverer … is delivering this log' after a dropped or failed call");
@@ -345,7 +367,10 @@ async fn random_drops_and_kills_give_each_record_once_in_order() {
 /// Two sink ids (and two subtask-like writers) pushing to one list concurrently with
 /// random cuts: each writer's records appear once and in its own order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn two_sink_ids_sharing_a_key_with_cuts() {
     let key = format!("probe:{}", uniq("share"));
     let mut handles = Vec::new();
@@ -357,7 +382,9 @@ async fn two_sink_ids_sharing_a_key_with_cuts() {
         handles.push(tokio::spawn(async move {
             let d = tempfile::tempdir().unwrap();
             let wal = open_log(d.path(), &sink_id);
-            let recs: Vec<Vec<u8>> = (0..3000).map(|i| format!("w{w}-{i:05}").into_bytes()).collect();
+            let recs: Vec<Vec<u8>> = (0..3000)
+                .map(|i| format!("w{w}-{i:05}").into_bytes())
+                .collect();
             for (cp, part) in recs.chunks(1000).enumerate() {
                 seal(&wal, cp as u64 + 1, part);
             }
@@ -400,7 +427,10 @@ async fn two_sink_ids_sharing_a_key_with_cuts() {
 /// Hash mode: an empty record has no tab and must be refused naming its position, with
 /// nothing of the epoch written; records of a tab only, binary fields, CRLF, and a 6 MB value.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn hash_mode_odd_records() {
     let key = format!("probe:{}", uniq("hash"));
     let sink_id = uniq("s");
@@ -419,7 +449,12 @@ async fn hash_mode_odd_records() {
         b"dup\tsecond".to_vec(),
     ];
     seal(&wal, 1, &good);
-    let bad = vec![b"k\tv".to_vec(), b"x\ty".to_vec(), b"".to_vec(), b"z\tw".to_vec()];
+    let bad = vec![
+        b"k\tv".to_vec(),
+        b"x\ty".to_vec(),
+        b"".to_vec(),
+        b"z\tw".to_vec(),
+    ];
     seal(&wal, 2, &bad);
     let mut s = RedisSink::new(cfg(&key, Mode::Hash, 2, 2)).unwrap();
     let mk = s.config().marker_key(&sink_id, 0);
@@ -439,12 +474,20 @@ async fn hash_mode_odd_records() {
     want.insert(vec![0xff, 0xfe], vec![0x00, 0x80]);
     want.insert(b"dup".to_vec(), b"second".to_vec());
     want.insert(b"big".to_vec(), big);
-    assert!(got == want, "hash holds {} fields: {:?}", got.len(), got.keys().collect::<Vec<_>>());
+    assert!(
+        got == want,
+        "hash holds {} fields: {:?}",
+        got.len(),
+        got.keys().collect::<Vec<_>>()
+    );
 }
 
 /// Huge records (1–10 MB) in list and stream mode, mixed with empty ones, cut and resumed.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn huge_records_land_once() {
     for mode in [Mode::List, Mode::Stream] {
         let key = format!("probe:{}:{}", uniq("huge"), mode.name());
@@ -465,7 +508,11 @@ async fn huge_records_land_once() {
         let mut s2 = RedisSink::new(cfg(&key, mode, 1000, 2)).unwrap();
         deliver_ready(&wal, &mut s2).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let got = if mode == Mode::List { list(&key).await } else { stream(&key).await };
+        let got = if mode == Mode::List {
+            list(&key).await
+        } else {
+            stream(&key).await
+        };
         del(&[key.clone(), mk]).await;
         assert_eq!(got.len(), recs.len(), "{mode:?}");
         assert!(got == recs, "{mode:?}: contents differ");
@@ -475,7 +522,10 @@ async fn huge_records_land_once() {
 /// Old shared-hash layout: progress read, metadata carried over, fields moved, another
 /// sink's fields left alone; and `committed()` after a partial epoch shows the old metadata.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn old_layout_migration_with_a_partial_epoch() {
     let key = format!("probe:{}", uniq("mig"));
     let sink_id = uniq("s");
@@ -497,7 +547,11 @@ async fn old_layout_migration_with_a_partial_epoch() {
     let d = tempfile::tempdir().unwrap();
     let wal = open_log(d.path(), &sink_id);
     seal(&wal, 1, &[b"e1".to_vec()]);
-    seal(&wal, 2, &[b"e2a".to_vec(), b"e2b".to_vec(), b"e2c".to_vec()]);
+    seal(
+        &wal,
+        2,
+        &[b"e2a".to_vec(), b"e2b".to_vec(), b"e2c".to_vec()],
+    );
     let e3: Vec<Vec<u8>> = (0..200).map(|i| format!("e3-{i}").into_bytes()).collect();
     seal(&wal, 3, &e3);
     let mut s = RedisSink::new(c.clone()).unwrap();
@@ -524,7 +578,11 @@ async fn old_layout_migration_with_a_partial_epoch() {
     deliver_ready(&wal, &mut s2).await.unwrap();
     let got = list(&key).await;
     let fin = s2.committed(&sink_id, 0).await.unwrap();
-    let old_fields: Vec<String> = redis::cmd("HKEYS").arg(&old).query_async(&mut a).await.unwrap();
+    let old_fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&old)
+        .query_async(&mut a)
+        .await
+        .unwrap();
     del(&[key.clone(), mk, old.clone()]).await;
     assert_eq!(got, e3, "only epoch 3, once");
     assert!(!partial_covered);
@@ -540,7 +598,10 @@ async fn old_layout_migration_with_a_partial_epoch() {
 /// delivered and is offered again by the next call". The next call right after a drop must
 /// not fail with "another deliverer … is delivering this log": there is no other deliverer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
 async fn a_dropped_deliver_ready_does_not_block_the_next_call() {
     let key = format!("probe:{}", uniq("next"));
     let sink_id = uniq("s");
@@ -551,7 +612,9 @@ async fn a_dropped_deliver_ready_does_not_block_the_next_call() {
     let mut rng = fastrand::Rng::with_seed(3);
     let mut refused = Vec::new();
     for cp in 1..=200u64 {
-        let recs: Vec<Vec<u8>> = (0..300).map(|i| format!("r{cp}-{i}").into_bytes()).collect();
+        let recs: Vec<Vec<u8>> = (0..300)
+            .map(|i| format!("r{cp}-{i}").into_bytes())
+            .collect();
         seal(&wal, cp, &recs);
         let deadline = Duration::from_micros(rng.u64(0..3000));
         let _ = tokio::time::timeout(deadline, deliver_ready(&wal, &mut s)).await;

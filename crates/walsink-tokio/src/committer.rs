@@ -79,17 +79,16 @@ async fn step<S: AsyncSink>(d: Deliverer, sink: &mut S) -> (Deliverer, Result<St
 /// Delivers every deliverable epoch into `sink`, in order, on the calling task, and marks
 /// them committed: the async [`WalSink::deliver_ready`]. Stops at the first error and returns
 /// it (nothing is skipped; the next call retries the same epoch). Returns the number of
-/// epochs handled.
+/// epochs handled. While another deliverer holds the log (a committer, or a step of an
+/// earlier call that was dropped and is finishing on the blocking pool), it waits up to 2 s
+/// for it, then fails with an invalid-operation error.
 ///
 /// # Cancel safety
 /// Cancel safe in the sense of the sink contract: an epoch whose delivery is dropped
 /// half-way is not counted as delivered and is offered again by the next call; epochs
 /// delivered before are marked by the next deliverer, never sent again without a crash.
 pub async fn deliver_ready<S: AsyncSink>(wal: &Arc<WalSink>, sink: &mut S) -> Result<usize> {
-    let wal2 = wal.clone();
-    let mut d = tokio::task::spawn_blocking(move || wal2.deliverer())
-        .await
-        .map_err(crate::join_error)??;
+    let mut d = claim(wal).await?;
     let mut n = 0;
     loop {
         let (back, r) = step(d, sink).await;
@@ -102,6 +101,32 @@ pub async fn deliver_ready<S: AsyncSink>(wal: &Arc<WalSink>, sink: &mut S) -> Re
                 let _ = blocking(d, |d| d.flush()).await;
                 return Err(e);
             }
+        }
+    }
+}
+
+/// How long [`deliver_ready`] waits for a deliverer still held by a step of an earlier,
+/// dropped call (it runs to its end on the blocking pool, then gives the right back).
+const CLAIM_WAIT: Duration = Duration::from_secs(2);
+
+/// Takes the log's deliverer. A call dropped in the middle of a blocking step leaves that
+/// step running on the blocking pool with the deliverer for a moment; the next call waits for
+/// it (at most [`CLAIM_WAIT`]) instead of failing as if another deliverer ran.
+async fn claim(wal: &Arc<WalSink>) -> Result<Deliverer> {
+    let started = std::time::Instant::now();
+    loop {
+        let wal2 = wal.clone();
+        match tokio::task::spawn_blocking(move || wal2.deliverer())
+            .await
+            .map_err(crate::join_error)?
+        {
+            Err(e)
+                if matches!(e.kind(), walsink::ErrorKind::InvalidOperation { .. })
+                    && started.elapsed() < CLAIM_WAIT =>
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            other => return other,
         }
     }
 }

@@ -77,6 +77,38 @@ pub struct Stats {
 struct Target {
     meta: TableMeta,
     kinds: HashMap<String, ColumnKind>,
+    /// How each key column (in key order) is written canonically in tombstones.
+    canon: Vec<Canon>,
+}
+
+/// How a key column's value is made canonical before it is compared as text (tombstones)
+/// or used to keep one row per key: equal keys must give equal text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Canon {
+    /// The value's text is canonical.
+    AsIs,
+    /// `numeric`: `1.0` and `1.00` are equal, so trailing zeros go (`trim_scale`).
+    TrimScale,
+    /// `real`, `double precision`: `-0` and `0` are equal (`+ 0` turns `-0` into `0`).
+    PlusZero,
+}
+
+impl Canon {
+    fn of(base: &str) -> Canon {
+        match base {
+            "numeric" => Canon::TrimScale,
+            "float4" | "float8" => Canon::PlusZero,
+            _ => Canon::AsIs,
+        }
+    }
+
+    fn expr(self, e: &str) -> String {
+        match self {
+            Canon::AsIs => e.to_string(),
+            Canon::TrimScale => format!("trim_scale({e})"),
+            Canon::PlusZero => format!("({e} + 0)"),
+        }
+    }
 }
 
 const TOMBS: &str = "walsink_cdc_tombstones";
@@ -399,7 +431,9 @@ async fn table_meta(
 fn sql_type(v: &Value) -> &'static str {
     match v {
         Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_i64() || n.is_u64() => "bigint",
+        Value::Number(n) if n.is_i64() => "bigint",
+        // Above bigint's range: a bigint column could never take the value.
+        Value::Number(n) if n.is_u64() => "numeric",
         Value::Number(_) => "double precision",
         Value::Array(_) | Value::Object(_) => "jsonb",
         Value::String(_) | Value::Null => "text",
@@ -412,12 +446,17 @@ async fn load_meta(
     table: &str,
 ) -> Result<Option<Target>, SinkError> {
     let q = format!("{}.{}", ident(schema), ident(table));
-    // Each column with its type as SQL writes it, and the category and name of the type a
+    // Each column with its type's qualified name (without its modifier: a cast to
+    // `varchar(3)` or `bit(3)` would cut a longer value, where the input function
+    // `jsonb_populate_record` uses refuses it; the column applies its modifier on assignment
+    // instead, with the input function's errors), and the category and name of the type a
     // domain rests on (the type itself otherwise): what `ColumnKind` needs.
     let read = || async {
         tx.query(
-            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), b.typcategory::text, b.typname::text \
+            "SELECT a.attname::text, quote_ident(tn.nspname) || '.' || quote_ident(t.typname), \
+               b.typcategory::text, b.typname::text \
              FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+             JOIN pg_namespace tn ON tn.oid = t.typnamespace \
              JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END \
              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             &[&q],
@@ -440,6 +479,7 @@ async fn load_meta(
     }
     let mut cols = Vec::with_capacity(rows.len());
     let mut kinds = HashMap::with_capacity(rows.len());
+    let mut bases: HashMap<String, String> = HashMap::with_capacity(rows.len());
     for r in rows {
         let name: String = r.get(0);
         if name == POS {
@@ -451,6 +491,7 @@ async fn load_meta(
             name.clone(),
             ColumnKind::from_catalog(r.get(1), &category, &base),
         );
+        bases.insert(name.clone(), base);
         cols.push(name);
     }
     let key = tx
@@ -462,13 +503,19 @@ async fn load_meta(
         )
         .await
         .map_err(|e| classify(e, &format!("read the primary key of {q}")))?;
+    let key: Vec<String> = key.iter().map(|r| r.get(0)).collect();
+    let canon = key
+        .iter()
+        .map(|k| Canon::of(bases.get(k).map_or("", String::as_str)))
+        .collect();
     Ok(Some(Target {
         meta: TableMeta {
             name: table.to_string(),
             columns: cols,
-            key: key.iter().map(|r| r.get(0)).collect(),
+            key,
         },
         kinds,
+        canon,
     }))
 }
 
@@ -515,13 +562,22 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let key_row = list("v.", &meta.key);
+    // The key, canonical (see `Canon`), over the columns of `prefix`.
+    let canon_key = |prefix: &str| {
+        meta.key
+            .iter()
+            .zip(&target.canon)
+            .map(|(c, k)| k.expr(&format!("{prefix}{}", ident(c))))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let key_row = canon_key("v.");
     let above = format!(
         "> coalesce((SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $2), -9223372036854775808)"
     );
     let sent = step_columns(target, kind, columns);
     // The rows above the table's watermark, with their ranks.
-    let v = if typed(target, sent) {
+    let rows = if typed(target, sent) {
         let arrays: String = (0..sent.len())
             .map(|i| format!(", ${}::text[]", i + 3))
             .collect();
@@ -535,16 +591,23 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
             })
             .collect();
         format!(
-            "v AS (SELECT u._ws_rank{casts} FROM unnest($1::bigint[]{arrays}) AS u(_ws_rank{names}) \
-             WHERE u._ws_rank {above})"
+            "SELECT u._ws_rank{casts} FROM unnest($1::bigint[]{arrays}) AS u(_ws_rank{names}) \
+             WHERE u._ws_rank {above}"
         )
     } else {
         format!(
-            "v AS (SELECT r.*, (e->>'p')::bigint AS _ws_rank \
+            "SELECT r.*, (e->>'p')::bigint AS _ws_rank \
              FROM jsonb_array_elements($1::jsonb) e, LATERAL jsonb_populate_record(NULL::{t}, e->'r') r \
-             WHERE (e->>'p')::bigint {above})"
+             WHERE (e->>'p')::bigint {above}"
         )
     };
+    // One row per key, the newest: the planner keeps one event per key as the client spells
+    // it, and two spellings of one key (`1.0` and `1.00`, a uuid in capitals and in lower
+    // case) would otherwise reach one row twice in one statement.
+    let w_key = canon_key("w.");
+    let v = format!(
+        "v AS (SELECT DISTINCT ON ({w_key}) * FROM ({rows}) w ORDER BY {w_key}, w._ws_rank DESC)"
+    );
     let older = format!("(t.{POS} IS NULL OR t.{POS} < v._ws_rank)");
     if kind == DELETE {
         let on = meta
@@ -783,8 +846,8 @@ mod tests {
             key: vec!["id".into()],
         };
         let kinds = [
-            ("id", "integer", "N", "int4"),
-            ("name", "text", "S", "text"),
+            ("id", "pg_catalog.int4", "N", "int4"),
+            ("name", "pg_catalog.text", "S", "text"),
         ]
         .iter()
         .map(|(c, t, cat, base)| {
@@ -794,7 +857,11 @@ mod tests {
             )
         })
         .collect();
-        let mut target = Target { meta, kinds };
+        let mut target = Target {
+            meta,
+            kinds,
+            canon: vec![Canon::AsIs],
+        };
         let up = statement_sql("r", &target, UPSERT, &["id".into(), "name".into()]);
         assert!(
             up.contains("ON CONFLICT (\"id\") DO UPDATE SET \"name\" = EXCLUDED.\"name\""),
@@ -802,7 +869,7 @@ mod tests {
         );
         assert!(up.contains("x.pos >= v._ws_rank"), "{up}");
         assert!(
-            up.contains("u.c0::integer AS \"id\", u.c1::text AS \"name\"")
+            up.contains("u.c0::pg_catalog.int4 AS \"id\", u.c1::pg_catalog.text AS \"name\"")
                 && up.contains("unnest($1::bigint[], $3::text[], $4::text[])"),
             "{up}"
         );
@@ -811,8 +878,22 @@ mod tests {
             only_key.contains("DO UPDATE SET _walsink_pos = EXCLUDED._walsink_pos WHERE"),
             "{only_key}"
         );
+        assert!(
+            up.contains("SELECT DISTINCT ON (w.\"id\") * FROM (")
+                && up.contains("ORDER BY w.\"id\", w._ws_rank DESC"),
+            "{up}"
+        );
         let del = statement_sql("r", &target, DELETE, &[]);
         assert!(del.contains("DELETE FROM \"r\".\"items\" t"), "{del}");
+        // A numeric key is compared and kept canonical.
+        target.canon = vec![Canon::TrimScale];
+        let del = statement_sql("r", &target, DELETE, &[]);
+        assert!(
+            del.contains("ROW(trim_scale(v.\"id\"))::text")
+                && del.contains("DISTINCT ON (trim_scale(w.\"id\"))"),
+            "{del}"
+        );
+        target.canon = vec![Canon::AsIs];
         assert!(del.contains("unnest($1::bigint[], $3::text[])"), "{del}");
         // An array column sends the rows that touch it through JSON.
         target.kinds.insert(
@@ -824,6 +905,7 @@ mod tests {
         let del = statement_sql("r", &target, DELETE, &[]);
         assert!(del.contains("unnest($1::bigint[], $3::text[])"), "{del}");
         assert_eq!(sql_type(&json!(1)), "bigint");
+        assert_eq!(sql_type(&json!(u64::MAX)), "numeric");
         assert_eq!(sql_type(&json!("x")), "text");
     }
 }

@@ -73,7 +73,8 @@ impl Lab {
         let wal = Arc::new(wal);
         self.dirs.push(dir);
         for (i, events) in epochs.iter().enumerate() {
-            wal.append_batch(events.iter().map(|e| e.as_bytes())).unwrap();
+            wal.append_batch(events.iter().map(|e| e.as_bytes()))
+                .unwrap();
             wal.checkpoint(i as u64 + 1, b"m").unwrap();
             wal.checkpoint_complete(i as u64 + 1).unwrap();
         }
@@ -102,7 +103,10 @@ fn ev(table: &str, op: &str, lsn: u64, before: &str, after: &str) -> String {
 /// that raises an error, walsink must fail too (docs: "columns whose JSON form the column type
 /// cannot read fail with the server's SQLSTATE (22xxx, permanent)"), never store something else.
 #[tokio::test]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
 async fn every_type_holds_what_jsonb_populate_record_makes() {
     let mut lab = Lab::new("types", "").await;
     let s = lab.schema.clone();
@@ -219,7 +223,9 @@ async fn every_type_holds_what_jsonb_populate_record_makes() {
             .replace("INTARR", &format!("{s}.intarr"));
         let t = format!("c{i}");
         lab.admin
-            .batch_execute(&format!("CREATE TABLE {s}.{t} (id int PRIMARY KEY, c {ty})"))
+            .batch_execute(&format!(
+                "CREATE TABLE {s}.{t} (id int PRIMARY KEY, c {ty})"
+            ))
             .await
             .unwrap();
         let image = format!(r#"{{"id":1,"c":{raw}}}"#);
@@ -271,7 +277,10 @@ async fn every_type_holds_what_jsonb_populate_record_makes() {
 /// column the events do not carry; compound text keys with commas, parentheses and quotes;
 /// deletes and key-changing updates of them, and replays of the old events afterwards.
 #[tokio::test]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
 async fn awkward_names_and_keys() {
     let mut lab = Lab::new("names", "").await;
     let s = lab.schema.clone();
@@ -282,7 +291,12 @@ async fn awkward_names_and_keys() {
         ))
         .await
         .unwrap();
-    let key = |k: &str, n: i32| format!(r#"{{"k \"1\"":{},"ключ":{n}}}"#, serde_json::to_string(k).unwrap());
+    let key = |k: &str, n: i32| {
+        format!(
+            r#"{{"k \"1\"":{},"ключ":{n}}}"#,
+            serde_json::to_string(k).unwrap()
+        )
+    };
     let img = |k: &str, n: i32, v: &str| {
         format!(
             r#"{{"k \"1\"":{},"ключ":{n},"v al":{}}}"#,
@@ -291,7 +305,16 @@ async fn awkward_names_and_keys() {
         )
     };
     let t = "Mixed Case";
-    let keys = ["a,b", "(x)", "q\"uote", "back\\slash", "", " lead", "ROW(1)", "{}"];
+    let keys = [
+        "a,b",
+        "(x)",
+        "q\"uote",
+        "back\\slash",
+        "",
+        " lead",
+        "ROW(1)",
+        "{}",
+    ];
     let mut first = Vec::new();
     for (i, k) in keys.iter().enumerate() {
         first.push(ev(t, "c", 10 + i as u64, "null", &img(k, i as i32, "v1")));
@@ -303,7 +326,13 @@ async fn awkward_names_and_keys() {
         if i % 2 == 0 {
             second.push(ev(t, "d", lsn, &key(k, i as i32), "null"));
         } else {
-            second.push(ev(t, "u", lsn, &key(k, i as i32), &img(&format!("{k}!"), i as i32, "moved")));
+            second.push(ev(
+                t,
+                "u",
+                lsn,
+                &key(k, i as i32),
+                &img(&format!("{k}!"), i as i32, "moved"),
+            ));
         }
     }
     let r = lab.apply_epochs(&[first.clone(), second, first]).await;
@@ -315,8 +344,10 @@ async fn awkward_names_and_keys() {
         )
         .await
         .unwrap();
-    let got: Vec<(String, i32, String, i32)> =
-        rows.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+    let got: Vec<(String, i32, String, i32)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
     lab.drop_schema().await;
     r.expect("applies");
     let want: Vec<(String, i32, String, i32)> = keys
@@ -333,12 +364,17 @@ async fn awkward_names_and_keys() {
 /// written as "1.00" and deleted as "1.0" (the same key to PostgreSQL) must stay deleted when
 /// the older insert is replayed.
 #[tokio::test]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
 async fn a_replayed_insert_of_a_numeric_key_stays_deleted() {
     let mut lab = Lab::new("numkey", "").await;
     let s = lab.schema.clone();
     lab.admin
-        .batch_execute(&format!("CREATE TABLE {s}.t (id numeric PRIMARY KEY, v text)"))
+        .batch_execute(&format!(
+            "CREATE TABLE {s}.t (id numeric PRIMARY KEY, v text)"
+        ))
         .await
         .unwrap();
     let ins = ev("t", "c", 10, "null", r#"{"id":"1.00","v":"a"}"#);
@@ -354,14 +390,20 @@ async fn a_replayed_insert_of_a_numeric_key_stays_deleted() {
         .get(0);
     lab.drop_schema().await;
     r.unwrap();
-    assert_eq!(n, 0, "the deleted row came back from a replay of an older insert");
+    assert_eq!(
+        n, 0,
+        "the deleted row came back from a replay of an older insert"
+    );
 }
 
 /// One-by-one application: an insert with the key spelled in capitals, then an update of the
 /// same uuid spelled in lower case, in one epoch. Applied one by one that is an insert and an
 /// update of one row.
 #[tokio::test]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
 async fn one_key_spelled_two_ways_in_one_epoch() {
     let mut lab = Lab::new("uuidkey", "").await;
     let s = lab.schema.clone();
@@ -371,8 +413,20 @@ async fn one_key_spelled_two_ways_in_one_epoch() {
         .unwrap();
     let r = lab
         .apply(&[
-            ev("t", "c", 10, "null", r#"{"id":"A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11","v":"old"}"#),
-            ev("t", "u", 20, "null", r#"{"id":"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11","v":"new"}"#),
+            ev(
+                "t",
+                "c",
+                10,
+                "null",
+                r#"{"id":"A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11","v":"old"}"#,
+            ),
+            ev(
+                "t",
+                "u",
+                20,
+                "null",
+                r#"{"id":"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11","v":"new"}"#,
+            ),
         ])
         .await;
     let rows: Vec<String> = lab
@@ -391,7 +445,10 @@ async fn one_key_spelled_two_ways_in_one_epoch() {
 /// add_missing_columns=true: "its type from the JSON value: bigint, double precision, boolean,
 /// jsonb or text". A whole number above bigint's range must still land.
 #[tokio::test]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
 async fn added_columns_take_their_values() {
     let mut lab = Lab::new("addcol", "&add_missing_columns=true").await;
     let s = lab.schema.clone();
@@ -411,7 +468,9 @@ async fn added_columns_take_their_values() {
     let row = lab
         .admin
         .query(
-            &format!(r#"SELECT "a b"::text, n::text, f::text, j::text, s, nul, huge::text FROM {s}.t"#),
+            &format!(
+                r#"SELECT "a b"::text, n::text, f::text, j::text, s, nul, huge::text FROM {s}.t"#
+            ),
             &[],
         )
         .await;
@@ -437,14 +496,19 @@ async fn added_columns_take_their_values() {
 /// with old ranges replayed, in epochs much larger than max_held, against a one-by-one model
 /// of the documented guard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
 async fn random_histories_match_a_one_by_one_model() {
     for seed in 0..4u64 {
         let max_held = [1usize, 3, 7, 50][seed as usize];
         let mut lab = Lab::new("model", &format!("&max_held={max_held}")).await;
         let s = lab.schema.clone();
         lab.admin
-            .batch_execute(&format!("CREATE TABLE {s}.t (k text, n int, v text, PRIMARY KEY (k, n))"))
+            .batch_execute(&format!(
+                "CREATE TABLE {s}.t (k text, n int, v text, PRIMARY KEY (k, n))"
+            ))
             .await
             .unwrap();
         let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
@@ -452,9 +516,20 @@ async fn random_histories_match_a_one_by_one_model() {
         let mut lsn = 100u64;
         let mut history: Vec<(String, String)> = Vec::new(); // (event, op) in source order
         let mut live: BTreeMap<(String, i32), String> = BTreeMap::new();
-        let kj = |k: &(String, i32)| format!(r#"{{"k":{},"n":{}}}"#, serde_json::to_string(&k.0).unwrap(), k.1);
+        let kj = |k: &(String, i32)| {
+            format!(
+                r#"{{"k":{},"n":{}}}"#,
+                serde_json::to_string(&k.0).unwrap(),
+                k.1
+            )
+        };
         let ij = |k: &(String, i32), v: &str| {
-            format!(r#"{{"k":{},"n":{},"v":{}}}"#, serde_json::to_string(&k.0).unwrap(), k.1, serde_json::to_string(v).unwrap())
+            format!(
+                r#"{{"k":{},"n":{},"v":{}}}"#,
+                serde_json::to_string(&k.0).unwrap(),
+                k.1,
+                serde_json::to_string(v).unwrap()
+            )
         };
         for _ in 0..3000 {
             lsn += rng.u64(1..3);
@@ -522,8 +597,14 @@ async fn random_histories_match_a_one_by_one_model() {
         lab.drop_schema().await;
         r.unwrap();
         assert_eq!(got.len(), model.len(), "seed {seed}: row count");
-        assert!(got == model, "seed {seed}: rows differ from the one-by-one model");
-        assert_eq!(model, live, "seed {seed}: the model ends at the source's state");
+        assert!(
+            got == model,
+            "seed {seed}: rows differ from the one-by-one model"
+        );
+        assert_eq!(
+            model, live,
+            "seed {seed}: the model ends at the source's state"
+        );
     }
 }
 
@@ -531,7 +612,12 @@ fn model_apply(stream: &[String]) -> BTreeMap<(String, i32), String> {
     let mut rows: BTreeMap<(String, i32), (String, i64)> = BTreeMap::new();
     let mut tombs: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut wm = i64::MIN;
-    let key = |v: &serde_json::Value| (v["k"].as_str().unwrap().to_string(), v["n"].as_i64().unwrap() as i32);
+    let key = |v: &serde_json::Value| {
+        (
+            v["k"].as_str().unwrap().to_string(),
+            v["n"].as_i64().unwrap() as i32,
+        )
+    };
     for e in stream {
         let v: serde_json::Value = serde_json::from_str(e).unwrap();
         let rank = v["source"]["lsn"].as_i64().unwrap();

@@ -6,6 +6,7 @@ mod config;
 mod delivery;
 mod error;
 mod log;
+mod redact;
 #[cfg(feature = "simulation")]
 pub mod simulation;
 pub mod sinks;
@@ -28,5 +29,6 @@ pub use log::recover::RecoveryReport;
 pub use log::verify::{
     dump, verify, CheckpointSummary, DumpState, Problem, ProblemKind, VerifyReport,
 };
+pub use redact::redact_url;
 pub use sinks::{DirSink, MemorySink};
 pub use wal::{DurablePoint, WalSink};

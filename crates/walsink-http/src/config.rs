@@ -262,18 +262,7 @@ impl fmt::Debug for Config {
 
 /// `text` with a URL password replaced by `***` (for errors about text that did not parse).
 fn redact(text: &str) -> String {
-    let Some((scheme, rest)) = text.split_once("://") else {
-        return text.to_string();
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..end].rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let pw = if userinfo.contains(':') { ":***" } else { "" };
-            format!("{scheme}://{user}{pw}@{host}{}", &rest[end..])
-        }
-        None => text.to_string(),
-    }
+    walsink::redact_url(text)
 }
 
 /// Percent-decodes a user name or password as `url` leaves them (lenient: a stray `%` stays).

@@ -2,9 +2,10 @@
 //! log, every record published with its `Nats-Msg-Id`, all acks awaited, epochs marked)
 //! against the floor of the same publishes done directly with the same client: pipelined
 //! JetStream publishes with acks, the same window of publishes in flight, without message
-//! ids (the plain floor) and with the same ids (the same server work). Interleaved rounds in
-//! one run, a new stream per measurement; the result is the ratio of throughputs with its
-//! spread.
+//! ids (the plain floor), with the same ids (the same server work), and with a header of the
+//! same length that is not an id (what carrying a header costs, apart from deduplication).
+//! Interleaved rounds in one run, the order rotated per round, a new stream per measurement;
+//! the result is the ratio of throughputs with its spread.
 //!
 //! `cargo bench -p walsink-nats --bench nats_delivery [-- RECORDS EPOCHS ROUNDS]`
 //! (defaults 200000 records of 64-100 bytes, 8 epochs, 7 rounds). Needs the local NATS.
@@ -47,16 +48,30 @@ async fn finish(js: &jetstream::Context, name: &str, n: usize) {
     js.delete_stream(name).await.unwrap();
 }
 
+/// What the raw publishes carry besides the record.
+#[derive(Clone, Copy, PartialEq)]
+enum Extra {
+    /// Nothing: the plain floor.
+    Nothing,
+    /// A `Nats-Msg-Id` as walsink sends it.
+    Ids,
+    /// A header of the same length that is not a message id: splits the cost of carrying a
+    /// header from the server's deduplication.
+    Header,
+}
+
 /// The floor: every record published with an ack, `IN_FLIGHT` acks outstanding.
-async fn raw(recs: &[Vec<u8>], name: &str, ids: bool) -> Duration {
+async fn raw(recs: &[Vec<u8>], name: &str, extra: Extra) -> Duration {
     let js = js().await;
     let subject = stream(&js, name).await;
     let t = Instant::now();
     let mut acks = VecDeque::new();
     for (i, r) in recs.iter().enumerate() {
         let mut m = PublishMessage::build().payload(r.clone().into());
-        if ids {
-            m = m.message_id(format!("bench:0:1:{i}"));
+        match extra {
+            Extra::Nothing => {}
+            Extra::Ids => m = m.message_id(format!("bench:0:1:{i}")),
+            Extra::Header => m = m.header("Walsink-Pos", format!("bench:0:1:{i}").as_str()),
         }
         acks.push_back(js.send_publish(subject.clone(), m).await.unwrap());
         if acks.len() >= IN_FLIGHT {
@@ -121,28 +136,32 @@ fn main() {
     let recs = records(n);
     let tag = format!("WALSINK_BENCH_{}", std::process::id());
     rt.block_on(async {
-        raw(&recs, &format!("{tag}_warm_raw"), false).await;
+        raw(&recs, &format!("{tag}_warm_raw"), Extra::Nothing).await;
         walsink(&recs, epochs, &format!("{tag}_warm_ws")).await;
-        let (mut plain, mut with_ids) = (Vec::new(), Vec::new());
-        println!("round  raw rec/s  raw+ids rec/s  walsink rec/s  ratio  ratio vs raw+ids");
+        let (mut plain, mut with_ids, mut with_header) = (Vec::new(), Vec::new(), Vec::new());
+        println!(
+            "round  raw rec/s  raw+ids rec/s  raw+header rec/s  walsink rec/s  ratio  vs raw+ids  vs raw+header"
+        );
         for r in 0..rounds {
             let rate = |d: Duration| n as f64 / d.as_secs_f64();
-            let (tr, ti, tw);
-            if r % 2 == 0 {
-                tr = rate(raw(&recs, &format!("{tag}_raw_{r}"), false).await);
-                ti = rate(raw(&recs, &format!("{tag}_ids_{r}"), true).await);
-                tw = rate(walsink(&recs, epochs, &format!("{tag}_ws_{r}")).await);
-            } else {
-                tw = rate(walsink(&recs, epochs, &format!("{tag}_ws_{r}")).await);
-                ti = rate(raw(&recs, &format!("{tag}_ids_{r}"), true).await);
-                tr = rate(raw(&recs, &format!("{tag}_raw_{r}"), false).await);
+            // Rotate the order so no measurement always runs first.
+            let (mut tr, mut ti, mut th, mut tw) = (0.0, 0.0, 0.0, 0.0);
+            for k in 0..4 {
+                match (r + k) % 4 {
+                    0 => tr = rate(raw(&recs, &format!("{tag}_raw_{r}"), Extra::Nothing).await),
+                    1 => ti = rate(raw(&recs, &format!("{tag}_ids_{r}"), Extra::Ids).await),
+                    2 => th = rate(raw(&recs, &format!("{tag}_hdr_{r}"), Extra::Header).await),
+                    _ => tw = rate(walsink(&recs, epochs, &format!("{tag}_ws_{r}")).await),
+                }
             }
             plain.push(tw / tr);
             with_ids.push(tw / ti);
+            with_header.push(tw / th);
             println!(
-                "{r:>5}  {tr:>9.0}  {ti:>13.0}  {tw:>13.0}  {:.2}   {:.2}",
+                "{r:>5}  {tr:>9.0}  {ti:>13.0}  {th:>16.0}  {tw:>13.0}  {:.2}   {:.2}        {:.2}",
                 tw / tr,
-                tw / ti
+                tw / ti,
+                tw / th
             );
         }
         println!(
@@ -150,5 +169,6 @@ fn main() {
         );
         summary("raw JetStream publishes with acks", plain);
         summary("raw publishes with the same message ids", with_ids);
+        summary("raw publishes with a header of the same length (not an id)", with_header);
     });
 }

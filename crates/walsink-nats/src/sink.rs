@@ -169,7 +169,22 @@ impl NatsSink {
                 .await
                 .map_err(|e| classify_stream(&e, &self.shown("look up the stream")))?
         };
-        let window = stream.cached_info().config.duplicate_window;
+        let cfg = &stream.cached_info().config;
+        // A stream that does not capture the subject answers no publish: the client reports
+        // "no responders", which otherwise reads (and is retried) as JetStream restarting.
+        let subjects = if cfg.subjects.is_empty() {
+            vec![cfg.name.clone()]
+        } else {
+            cfg.subjects.clone()
+        };
+        if !subjects.iter().any(|p| captures(p, &self.config.subject)) {
+            return Err(SinkError::permanent(self.shown(&format!(
+                "the stream does not capture subject {:?} (its subjects: {}); publish to a subject it captures, or add this one to the stream's subjects",
+                self.config.subject,
+                subjects.join(", ")
+            ))));
+        }
+        let window = cfg.duplicate_window;
         self.status.0.lock().duplicate_window = Some(window);
         Ok(window)
     }
@@ -299,6 +314,45 @@ impl NatsSink {
     fn drop_connection_if_retryable(&mut self, e: &SinkError) {
         if e.class() == walsink::SinkErrorClass::Retryable {
             self.js = None;
+        }
+    }
+}
+
+/// Whether the stream subject `pattern` (with NATS wildcards: `*` one token, `>` one or more
+/// at the end) captures `subject`.
+pub(crate) fn captures(pattern: &str, subject: &str) -> bool {
+    let mut subject = subject.split('.');
+    for p in pattern.split('.') {
+        match (p, subject.next()) {
+            (">", Some(_)) => return true,
+            (_, None) => return false,
+            ("*", Some(_)) => {}
+            (p, Some(t)) if p == t => {}
+            _ => return false,
+        }
+    }
+    subject.next().is_none()
+}
+
+#[cfg(test)]
+mod subject_tests {
+    use super::captures;
+
+    #[test]
+    fn wildcards_capture_as_nats_does() {
+        for (p, s, want) in [
+            ("orders", "orders", true),
+            ("orders", "orders.eu", false),
+            ("orders.*", "orders.eu", true),
+            ("orders.*", "orders", false),
+            ("orders.*", "orders.eu.x", false),
+            ("orders.>", "orders.eu.x", true),
+            ("orders.>", "orders", false),
+            (">", "a.b", true),
+            ("*.eu", "orders.eu", true),
+            ("X", "X.elsewhere", false),
+        ] {
+            assert_eq!(captures(p, s), want, "{p} {s}");
         }
     }
 }

@@ -17,7 +17,10 @@ async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
 /// The URL doc: "`subject` … the stream must capture it". A subject the stream does not
 /// capture can never be delivered; the error must say so, not blame a JetStream restart.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local NATS with JetStream")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local NATS with JetStream"
+)]
 async fn a_subject_the_stream_does_not_capture_is_named_as_such() {
     let s = TestStream::new("probe2-subj", None).await;
     let id = walsink_tokio::conformance::unique_id("p2-subj");
@@ -41,7 +44,10 @@ async fn a_subject_the_stream_does_not_capture_is_named_as_such() {
 /// The failure table: "a record over the server's `max_payload` | permanent". Nothing is
 /// skipped: the record after it is not published, the next attempt fails the same way.
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local NATS with JetStream")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local NATS with JetStream"
+)]
 async fn a_record_over_max_payload_is_permanent_and_nothing_is_skipped() {
     let s = TestStream::new("probe2-payload", None).await;
     let id = walsink_tokio::conformance::unique_id("p2-payload");
@@ -74,7 +80,10 @@ async fn a_record_over_max_payload_is_permanent_and_nothing_is_skipped() {
 /// "An epoch whose checkpoint is older than the window … shown in `NatsSink::status()` …
 /// cleared by the next delivery within the window."
 #[tokio::test(flavor = "multi_thread")]
-#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and a local NATS with JetStream")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local NATS with JetStream"
+)]
 async fn beyond_the_window_is_flagged_then_cleared() {
     let s = TestStream::new("probe2-window", Some(Duration::from_millis(800))).await;
     let id = walsink_tokio::conformance::unique_id("p2-window");
@@ -91,7 +100,9 @@ async fn beyond_the_window_is_flagged_then_cleared() {
     let cleared = st.get();
     let held = s.records_of(&id, 0).await;
     s.delete().await;
-    let b = flagged.beyond_window.expect("epoch 1 is older than the window");
+    let b = flagged
+        .beyond_window
+        .expect("epoch 1 is older than the window");
     assert_eq!(b.checkpoint, 1);
     assert!(b.age > b.window, "{b:?}");
     assert_eq!(b.window, Duration::from_millis(800));

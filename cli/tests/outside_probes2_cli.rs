@@ -56,8 +56,19 @@ fn a_password_holding_url_delimiters_never_appears() {
     for (i, url) in urls.iter().enumerate() {
         let wal = dir.path().join(format!("wal{i}"));
         for args in [
-            pipe_args_to(&input, &wal, url, &["--json", "--retry-deadline", "1s", "--max-retries", "1"]),
-            vec!["inspect".into(), s(&wal).into(), "--sink".into(), url.to_string(), "--json".into()],
+            pipe_args_to(
+                &input,
+                &wal,
+                url,
+                &["--json", "--retry-deadline", "1s", "--max-retries", "1"],
+            ),
+            vec![
+                "inspect".into(),
+                s(&wal).into(),
+                "--sink".into(),
+                url.to_string(),
+                "--json".into(),
+            ],
         ] {
             let o = run(&args);
             let text = format!("{}{}", stdout(&o), stderr(&o));
@@ -120,7 +131,12 @@ fn a_smaller_record_limit_on_rerun_never_loses_logged_records() {
     ));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let out = dir.path().join("out");
-    let o = run_pipe(&input, &wal, &out, &["--max-record-bytes", "1KiB", "--checkpoint-every", "5"]);
+    let o = run_pipe(
+        &input,
+        &wal,
+        &out,
+        &["--max-record-bytes", "1KiB", "--checkpoint-every", "5"],
+    );
     let got = records(&out);
     if o.status.code() == Some(0) {
         assert_eq!(got, want, "{}", stderr(&o));
@@ -174,8 +190,15 @@ fn stdin_closed_early_ships_what_was_written() {
     let (wal, out) = (dir.path().join("wal"), dir.path().join("out"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_walsink"))
         .args([
-            "pipe", "--input", "-", "--wal", s(&wal), "--sink",
-            &format!("dir:{}", out.display()), "--checkpoint-every", "7",
+            "pipe",
+            "--input",
+            "-",
+            "--wal",
+            s(&wal),
+            "--sink",
+            &format!("dir:{}", out.display()),
+            "--checkpoint-every",
+            "7",
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -191,7 +214,12 @@ fn stdin_closed_early_ships_what_was_written() {
     w.write_all(b"half a li").unwrap();
     drop(w);
     let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     want.push(b"half a li".to_vec());
     assert_eq!(records(&out), want);
 }
@@ -207,13 +235,28 @@ fn a_second_input_into_the_same_target_is_refused_or_kept_apart() {
     write_lines(&a, &la);
     write_lines(&b, &lb);
     let out = dir.path().join("out");
-    let o = run_pipe(&a, &dir.path().join("wa"), &out, &["--checkpoint-every", "10"]);
+    let o = run_pipe(
+        &a,
+        &dir.path().join("wa"),
+        &out,
+        &["--checkpoint-every", "10"],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let o = run_pipe(&b, &dir.path().join("wb"), &out, &["--checkpoint-every", "10"]);
+    let o = run_pipe(
+        &b,
+        &dir.path().join("wb"),
+        &out,
+        &["--checkpoint-every", "10"],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_eq!(records(&out), la);
     // The same log with the other file: refused naming both.
-    let o = run_pipe(&b, &dir.path().join("wa"), &out, &["--checkpoint-every", "10"]);
+    let o = run_pipe(
+        &b,
+        &dir.path().join("wa"),
+        &out,
+        &["--checkpoint-every", "10"],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("a.txt") && err.contains("b.txt"), "{err}");

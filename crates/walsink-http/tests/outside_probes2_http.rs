@@ -24,7 +24,10 @@ struct Req {
 
 impl Req {
     fn key(&self) -> String {
-        self.headers.get("idempotency-key").cloned().unwrap_or_default()
+        self.headers
+            .get("idempotency-key")
+            .cloned()
+            .unwrap_or_default()
     }
 }
 
@@ -53,9 +56,7 @@ fn ok() -> Answer {
 }
 
 fn status(code: u16, extra: &str) -> Answer {
-    Answer::Raw(
-        format!("HTTP/1.1 {code} X\r\n{extra}content-length: 4\r\n\r\nnope").into_bytes(),
-    )
+    Answer::Raw(format!("HTTP/1.1 {code} X\r\n{extra}content-length: 4\r\n\r\nnope").into_bytes())
 }
 
 impl Raw {
@@ -296,9 +297,7 @@ async fn a_2xx_with_a_huge_body_is_delivered_once() {
 async fn a_hang_and_an_endless_2xx_body_are_retried_with_identical_bytes() {
     let srv = Raw::start(Box::new(|i, _| match i {
         0 => Answer::Hang(Duration::from_secs(3)),
-        1 => Answer::Trickle(
-            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec(),
-        ),
+        1 => Answer::Trickle(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec()),
         2 => Answer::RawClose(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort".to_vec()),
         _ => ok(),
     }));
@@ -316,7 +315,10 @@ async fn a_hang_and_an_endless_2xx_body_are_retried_with_identical_bytes() {
     for r in &seen {
         assert_eq!(r.key(), seen[0].key());
         assert_eq!(r.body, seen[0].body, "a retry sent other bytes");
-        assert_eq!(r.headers.get("walsink-chunk"), seen[0].headers.get("walsink-chunk"));
+        assert_eq!(
+            r.headers.get("walsink-chunk"),
+            seen[0].headers.get("walsink-chunk")
+        );
     }
     let mut d = flate2_free_gunzip(&seen[0].body);
     assert_eq!(split(&std::mem::take(&mut d), Newline::Reject), recs);
@@ -359,12 +361,27 @@ async fn the_cut_at_its_edges() {
         .iter()
         .map(|r| (r.key(), r.headers["walsink-chunk"].clone()))
         .collect();
-    let want_bodies: Vec<&[u8]> = vec![b"aaaa\nbbbb\n", b"ccccccccccccccccccccccccc\n", b"\n", b"ddddddddd\n", b"\n"];
+    let want_bodies: Vec<&[u8]> = vec![
+        b"aaaa\nbbbb\n",
+        b"ccccccccccccccccccccccccc\n",
+        b"\n",
+        b"ddddddddd\n",
+        b"\n",
+    ];
     let bodies: Vec<&[u8]> = seen.iter().map(|r| r.body.as_slice()).collect();
     assert_eq!(bodies, want_bodies, "{heads:?}");
-    assert!(heads[0].1.starts_with("first=0; count=2; last=false"), "{heads:?}");
-    assert!(heads[2].1.starts_with("first=3; count=1; last=false"), "{heads:?}");
-    assert!(heads[4].1.starts_with("first=5; count=1; last=true"), "{heads:?}");
+    assert!(
+        heads[0].1.starts_with("first=0; count=2; last=false"),
+        "{heads:?}"
+    );
+    assert!(
+        heads[2].1.starts_with("first=3; count=1; last=false"),
+        "{heads:?}"
+    );
+    assert!(
+        heads[4].1.starts_with("first=5; count=1; last=true"),
+        "{heads:?}"
+    );
     assert_eq!(dedup(&seen, &sid, Newline::Reject), recs);
 }
 
@@ -426,7 +443,14 @@ async fn concurrency_with_one_chunk_refused_then_fixed_holds_each_record_once() 
 #[test]
 fn a_password_with_url_delimiters_never_shows() {
     let mut leaks = Vec::new();
-    for pw in ["s3cr#tPW", "s3cr?tPW", "s3cr/tPW", "s3cr tPW", "s3cr@tPW", "s3cr\\tPW"] {
+    for pw in [
+        "s3cr#tPW",
+        "s3cr?tPW",
+        "s3cr/tPW",
+        "s3cr tPW",
+        "s3cr@tPW",
+        "s3cr\\tPW",
+    ] {
         let url = format!("http://alice:{pw}@127.0.0.1:9/in");
         let shown = match walsink_http::Config::from_url(&url) {
             Ok(c) => format!("{c} {c:?}"),

@@ -39,7 +39,7 @@ pub struct CdcSink {
     /// Table metadata, valid for this connection until a delivery fails (an `ALTER` may have
     /// been rolled back).
     tables: HashMap<String, Target>,
-    statements: HashMap<(String, u8, Vec<String>), Statement>,
+    statements: Statements,
     stats: Stats,
 }
 
@@ -110,6 +110,9 @@ impl Canon {
         }
     }
 }
+
+/// Prepared statements by table, kind and column set.
+type Statements = HashMap<(String, u8, Vec<String>), Statement>;
 
 const TOMBS: &str = "walsink_cdc_tombstones";
 /// The hidden column holding each row's rank.
@@ -643,7 +646,7 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
 
 async fn run(
     tx: &Transaction<'_>,
-    statements: &mut HashMap<(String, u8, Vec<String>), Statement>,
+    statements: &mut Statements,
     tables: &HashMap<String, Target>,
     schema: &str,
     steps: Vec<Step>,
@@ -657,7 +660,7 @@ async fn run(
 
 async fn run_steps(
     tx: &Transaction<'_>,
-    statements: &mut HashMap<(String, u8, Vec<String>), Statement>,
+    statements: &mut Statements,
     tables: &HashMap<String, Target>,
     schema: &str,
     steps: Vec<Step>,
@@ -694,7 +697,7 @@ async fn run_steps(
 /// Runs one step's statement with its rows.
 async fn send(
     tx: &Transaction<'_>,
-    statements: &mut HashMap<(String, u8, Vec<String>), Statement>,
+    statements: &mut Statements,
     schema: &str,
     target: &Target,
     kind: u8,
@@ -751,7 +754,7 @@ fn failed(what: &str, schema: &str, table: &str, rows: &[crate::plan::Change]) -
 
 async fn prepare(
     tx: &Transaction<'_>,
-    statements: &mut HashMap<(String, u8, Vec<String>), Statement>,
+    statements: &mut Statements,
     schema: &str,
     target: &Target,
     kind: u8,

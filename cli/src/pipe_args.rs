@@ -134,7 +134,7 @@ pub(crate) fn parse_sink(spec: &str) -> CliResult<SinkSpec> {
                 known.extend(crate::targets::schemes().iter().map(|s| format!("{s}://…")));
                 Err(format!(
                     "unknown sink {:?}: use {}",
-                    crate::targets::redact(spec),
+                    walsink::redact_url(spec),
                     known.join(", ")
                 )
                 .into())

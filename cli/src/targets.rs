@@ -70,11 +70,3 @@ pub(crate) fn schemes() -> Vec<&'static str> {
     ];
     known.to_vec()
 }
-
-/// `url` with any secret replaced by `***`, for messages and files: the password of the
-/// user information, user information without a password where it is a token rather than a
-/// user name (every scheme but PostgreSQL's, e.g. `nats://TOKEN@host`), and query
-/// parameters whose names say they hold a secret.
-pub(crate) fn redact(url: &str) -> String {
-    walsink::redact_url(url)
-}

@@ -644,6 +644,7 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
     )
 }
 
+/// Runs a flush's steps in order, timed into `stats.statements`.
 async fn run(
     tx: &Transaction<'_>,
     statements: &mut Statements,
@@ -653,45 +654,37 @@ async fn run(
     stats: &mut Stats,
 ) -> Result<(), SinkError> {
     let started = std::time::Instant::now();
-    let r = run_steps(tx, statements, tables, schema, steps, stats).await;
-    stats.statements += started.elapsed();
-    r
-}
-
-async fn run_steps(
-    tx: &Transaction<'_>,
-    statements: &mut Statements,
-    tables: &HashMap<String, Target>,
-    schema: &str,
-    steps: Vec<Step>,
-    stats: &mut Stats,
-) -> Result<(), SinkError> {
-    for step in steps {
-        stats.sent += 1;
-        match step {
-            Step::Truncate { table, rank, at } => {
-                truncate(tx, schema, &tables[&table].meta, rank, at).await?
-            }
-            Step::Deletes { table, rows } | Step::Upserts { table, rows, .. }
-                if rows.is_empty() =>
-            {
-                let _ = table;
-            }
-            Step::Deletes { table, rows } => {
-                let target = &tables[&table];
-                send(tx, statements, schema, target, DELETE, &[], rows).await?;
-            }
-            Step::Upserts {
-                table,
-                columns,
-                rows,
-            } => {
-                let target = &tables[&table];
-                send(tx, statements, schema, target, UPSERT, &columns, rows).await?;
+    let r = async {
+        for step in steps {
+            stats.sent += 1;
+            match step {
+                Step::Truncate { table, rank, at } => {
+                    truncate(tx, schema, &tables[&table].meta, rank, at).await?
+                }
+                Step::Deletes { table, rows } | Step::Upserts { table, rows, .. }
+                    if rows.is_empty() =>
+                {
+                    let _ = table;
+                }
+                Step::Deletes { table, rows } => {
+                    let target = &tables[&table];
+                    send(tx, statements, schema, target, DELETE, &[], rows).await?;
+                }
+                Step::Upserts {
+                    table,
+                    columns,
+                    rows,
+                } => {
+                    let target = &tables[&table];
+                    send(tx, statements, schema, target, UPSERT, &columns, rows).await?;
+                }
             }
         }
+        Ok::<(), SinkError>(())
     }
-    Ok(())
+    .await;
+    stats.statements += started.elapsed();
+    r
 }
 
 /// Runs one step's statement with its rows.

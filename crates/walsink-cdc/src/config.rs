@@ -23,31 +23,11 @@ pub struct PgUrl {
 }
 
 fn decode(s: &str, what: &str) -> Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = b
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| format!("bad percent-escape in the {what}"))?;
-                out.push(hex);
-                i += 3;
-            }
-            b'+' if what.starts_with("parameter") => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| format!("the {what} is not UTF-8 once decoded"))
+    use walsink_postgres::config::{decode_url_part, UrlPartError};
+    decode_url_part(s, what.starts_with("parameter")).map_err(|e| match e {
+        UrlPartError::BadEscape => format!("bad percent-escape in the {what}"),
+        UrlPartError::NotUtf8 => format!("the {what} is not UTF-8 once decoded"),
+    })
 }
 
 impl PgUrl {

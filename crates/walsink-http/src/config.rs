@@ -134,7 +134,7 @@ impl Config {
     /// hold the password.
     pub fn from_url(text: &str) -> Result<Config, ConfigError> {
         let mut url = url::Url::parse(text).map_err(|e| ConfigError::Url {
-            reason: format!("{e} (in {})", redact(text)),
+            reason: format!("{e} (in {})", walsink::redact_url(text)),
         })?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(ConfigError::Url {
@@ -143,7 +143,7 @@ impl Config {
         }
         if url.host_str().is_none_or(str::is_empty) {
             return Err(ConfigError::Url {
-                reason: format!("no host in {}", redact(text)),
+                reason: format!("no host in {}", walsink::redact_url(text)),
             });
         }
         let basic = (!url.username().is_empty() || url.password().is_some()).then(|| {
@@ -261,10 +261,6 @@ impl fmt::Debug for Config {
 }
 
 /// `text` with a URL password replaced by `***` (for errors about text that did not parse).
-fn redact(text: &str) -> String {
-    walsink::redact_url(text)
-}
-
 /// Percent-decodes a user name or password as `url` leaves them (lenient: a stray `%` stays).
 fn percent_decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s)

@@ -4,28 +4,12 @@
 use std::fmt;
 use std::time::Duration;
 
-/// A configuration that does not parse, naming the parameter at fault.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The URL parameter or part at fault (`stream`, `subject`, `host`, …).
-    pub parameter: String,
-    /// What is wrong with it.
-    pub reason: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "nats sink URL: {}: {}", self.parameter, self.reason)
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// A configuration that does not parse, naming the parameter at fault
+/// (`stream`, `subject`, `host`, …); its message starts `nats sink URL:`.
+pub type ConfigError = walsink_tokio::UrlError;
 
 fn bad(parameter: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError {
-        parameter: parameter.to_string(),
-        reason: reason.into(),
-    }
+    ConfigError::new("nats", parameter, reason)
 }
 
 /// Where and how a [`NatsSink`](crate::NatsSink) publishes.

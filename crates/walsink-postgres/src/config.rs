@@ -67,6 +67,25 @@ fn parse_duration(s: &str, what: &str) -> Result<Duration, ConfigError> {
 }
 
 fn percent_decode(s: &str, what: &str) -> Result<String, ConfigError> {
+    decode_url_part(s, true).map_err(|e| match e {
+        UrlPartError::BadEscape => ConfigError::new(format!("{what}: bad percent-escape in {s:?}")),
+        UrlPartError::NotUtf8 => ConfigError::new(format!("{what}: {s:?} is not UTF-8")),
+    })
+}
+
+/// Why [`decode_url_part`] refused a part of a URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UrlPartError {
+    /// A `%` not followed by two hex digits.
+    BadEscape,
+    /// The decoded bytes are not UTF-8.
+    NotUtf8,
+}
+
+/// Percent-decodes one part of a `postgres://` URL strictly (a `%` must start a two-digit hex
+/// escape), with `+` as a space where `plus_is_space` (query values). Shared with the change
+/// data capture crate's URL parser.
+pub fn decode_url_part(s: &str, plus_is_space: bool) -> Result<String, UrlPartError> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -76,13 +95,11 @@ fn percent_decode(s: &str, what: &str) -> Result<String, ConfigError> {
                 let hex = s
                     .get(i + 1..i + 3)
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| {
-                        ConfigError::new(format!("{what}: bad percent-escape in {s:?}"))
-                    })?;
+                    .ok_or(UrlPartError::BadEscape)?;
                 out.push(hex);
                 i += 3;
             }
-            b'+' => {
+            b'+' if plus_is_space => {
                 out.push(b' ');
                 i += 1;
             }
@@ -92,23 +109,13 @@ fn percent_decode(s: &str, what: &str) -> Result<String, ConfigError> {
             }
         }
     }
-    String::from_utf8(out).map_err(|_| ConfigError::new(format!("{what}: {s:?} is not UTF-8")))
+    String::from_utf8(out).map_err(|_| UrlPartError::NotUtf8)
 }
 
-/// `url` with the password replaced by `***`. The userinfo ends at the last `@` of the URL,
-/// so a password with an unencoded `/`, `?` or `@` is masked whole (an `@` in a query value
-/// after a `host:port` masks too much, never too little).
+/// `url` with the password (and secret query parameters) replaced by `***`: the rule every
+/// walsink crate uses, [`walsink::redact_url`].
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((u, _)) => format!("{scheme}://{u}:***@{host}"),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
-    }
+    walsink::redact_url(url)
 }
 
 impl Config {

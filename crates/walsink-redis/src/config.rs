@@ -27,28 +27,12 @@ impl Mode {
     }
 }
 
-/// A configuration that does not parse, naming the parameter at fault.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The URL parameter or part at fault (`key`, `mode`, `host`, …).
-    pub parameter: String,
-    /// What is wrong with it.
-    pub reason: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "redis sink URL: {}: {}", self.parameter, self.reason)
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// A configuration that does not parse, naming the parameter at fault
+/// (`key`, `mode`, `host`, …); its message starts `redis sink URL:`.
+pub type ConfigError = walsink_tokio::UrlError;
 
 fn bad(parameter: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError {
-        parameter: parameter.to_string(),
-        reason: reason.into(),
-    }
+    ConfigError::new("redis", parameter, reason)
 }
 
 /// Where and how a [`RedisSink`](crate::RedisSink) writes.

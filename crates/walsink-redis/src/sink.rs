@@ -187,10 +187,8 @@ impl RedisSink {
     /// A sink for `config`. Connects on first use (or with [`RedisSink::connect`]).
     pub fn new(config: Config) -> Result<RedisSink, ConfigError> {
         config.check()?;
-        let client = redis::Client::open(config.client_url()).map_err(|e| ConfigError {
-            parameter: "URL".into(),
-            reason: e.to_string(),
-        })?;
+        let client = redis::Client::open(config.client_url())
+            .map_err(|e| ConfigError::new("redis", "URL", e.to_string()))?;
         Ok(RedisSink {
             config,
             client,

@@ -16,13 +16,6 @@ fn sink(id: &str, mode: Mode, chunk_records: usize) -> RedisSink {
     sink_with(id, mode, chunk_records, 4)
 }
 
-fn sink_with(id: &str, mode: Mode, chunk_records: usize, in_flight: usize) -> RedisSink {
-    let mut c = config(id, mode);
-    c.chunk_records = chunk_records;
-    c.in_flight = in_flight;
-    RedisSink::new(c).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(servers),
@@ -120,7 +113,7 @@ async fn an_epoch_cut_half_way_resumes_where_it_stopped() {
     let held = contents(watcher.config(), 0).await;
     assert_eq!(held.len() as u64, m.next, "data and marker moved together");
     assert_eq!(held[..], want[..held.len()]);
-    assert!(!watcher.is_committed(&key(&id, 1)).await.unwrap());
+    assert!(!watcher.is_committed(&epoch_key(&id, 1)).await.unwrap());
     // The next delivery starts at the marker.
     let mut second = sink(&id, Mode::List, 10);
     deliver_ready(&wal, &mut second).await.unwrap();
@@ -138,14 +131,6 @@ async fn an_epoch_cut_half_way_resumes_where_it_stopped() {
             metadata: b"meta-1".to_vec()
         }
     );
-}
-
-fn key(id: &str, cp: u64) -> walsink::EpochKey {
-    walsink::EpochKey {
-        sink_id: id.into(),
-        subtask: 0,
-        checkpoint: cp,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -15,13 +15,6 @@ use walsink_redis::script::{padded, Marker};
 use walsink_redis::{HookPoint, Mode, RedisSink};
 use walsink_tokio::{deliver_ready, AsyncSink};
 
-fn sink_with(id: &str, mode: Mode, chunk_records: usize, in_flight: usize) -> RedisSink {
-    let mut c = config(id, mode);
-    c.chunk_records = chunk_records;
-    c.in_flight = in_flight;
-    RedisSink::new(c).unwrap()
-}
-
 /// A blocking connection for the hook, which runs between `WATCH` and `EXEC`.
 fn other() -> redis::Connection {
     redis::Client::open(URL).unwrap().get_connection().unwrap()
@@ -29,14 +22,6 @@ fn other() -> redis::Connection {
 
 fn hmarker(c: &mut redis::Connection, key: &str) -> Option<String> {
     redis::cmd("HGET").arg(key).arg("marker").query(c).unwrap()
-}
-
-fn key(id: &str, cp: u64) -> walsink::EpochKey {
-    walsink::EpochKey {
-        sink_id: id.into(),
-        subtask: 0,
-        checkpoint: cp,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -117,7 +102,7 @@ async fn a_transaction_aborted_by_the_watched_marker_is_resent_and_lands_once() 
         assert_eq!(st.aborts, 2, "{mode:?}: {st:?}");
         assert_eq!(st.chunks_skipped, 1, "{mode:?}: the zombie's chunk: {st:?}");
         assert_eq!(st.chunks_applied, 9, "{mode:?}: {st:?}");
-        assert!(s.is_committed(&key(&id, 1)).await.unwrap());
+        assert!(s.is_committed(&epoch_key(&id, 1)).await.unwrap());
     }
 }
 
@@ -285,7 +270,7 @@ async fn the_old_marker_layout_is_read_and_moved() {
         s.committed(&id, 0).await.unwrap().unwrap().metadata,
         b"meta-1"
     );
-    assert!(s.is_committed(&key(&id, 1)).await.unwrap());
+    assert!(s.is_committed(&epoch_key(&id, 1)).await.unwrap());
     // In the first transaction the metadata has moved with the marker.
     let seen = Arc::new(Mutex::new(Vec::new()));
     let (seen2, mk2, old2, f2) = (seen.clone(), mk.clone(), old.clone(), field.clone());

@@ -115,11 +115,8 @@ const CLAIM_WAIT: Duration = Duration::from_secs(2);
 async fn claim(wal: &Arc<WalSink>) -> Result<Deliverer> {
     let started = std::time::Instant::now();
     loop {
-        let wal2 = wal.clone();
-        match tokio::task::spawn_blocking(move || wal2.deliverer())
-            .await
-            .map_err(crate::join_error)?
-        {
+        // Claiming takes a lock and does no I/O, so it runs here, not on the blocking pool.
+        match wal.deliverer() {
             Err(e)
                 if matches!(e.kind(), walsink::ErrorKind::InvalidOperation { .. })
                     && started.elapsed() < CLAIM_WAIT =>

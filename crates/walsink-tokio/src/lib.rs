@@ -21,12 +21,14 @@ pub mod conformance;
 mod handle;
 mod sink;
 mod typed;
+mod url_error;
 
 pub use blocking::BlockingSink;
 pub use committer::{deliver_ready, spawn_committer, AsyncCommitter, ShutdownReport};
 pub use handle::AsyncWal;
 pub use sink::{AsyncChunks, AsyncSink};
 pub use typed::{Codec, DecodeError, Json, Postcard, TypedWal};
+pub use url_error::UrlError;
 pub use walsink;
 
 /// A task on tokio's blocking pool that panicked or was cancelled, as the crate's error.

@@ -151,3 +151,20 @@ pub fn numbered(from: u64, to: u64) -> Vec<Vec<u8>> {
 pub fn sink_id(test: &str) -> String {
     walsink_tokio::conformance::unique_id(test)
 }
+
+/// A sink with `chunk_records` records per chunk and `in_flight` chunks per transaction.
+pub fn sink_with(id: &str, mode: Mode, chunk_records: usize, in_flight: usize) -> RedisSink {
+    let mut c = config(id, mode);
+    c.chunk_records = chunk_records;
+    c.in_flight = in_flight;
+    RedisSink::new(c).unwrap()
+}
+
+/// The key of checkpoint `cp` of subtask 0 of `id`.
+pub fn epoch_key(id: &str, cp: u64) -> walsink::EpochKey {
+    walsink::EpochKey {
+        sink_id: id.into(),
+        subtask: 0,
+        checkpoint: cp,
+    }
+}

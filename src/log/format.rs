@@ -174,13 +174,15 @@ pub fn salvage_segment_seed(b: &[u8], expected_seq: u64) -> Option<Seed> {
     })
 }
 
+/// The header checksum: over the seed, the offset and header bytes 4..16, gathered into one
+/// buffer so the checksum runs once over 36 bytes instead of four short pieces.
 fn header_crc(seed: Seed, offset: u64, rest: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&seed.seq.to_le_bytes());
-    h.update(&seed.salt.to_le_bytes());
-    h.update(&offset.to_le_bytes());
-    h.update(rest);
-    h.finalize()
+    let mut b = [0u8; 36];
+    b[0..8].copy_from_slice(&seed.seq.to_le_bytes());
+    b[8..16].copy_from_slice(&seed.salt.to_le_bytes());
+    b[16..24].copy_from_slice(&offset.to_le_bytes());
+    b[24..36].copy_from_slice(rest);
+    crc32fast::hash(&b)
 }
 
 /// Appends one frame at `offset` of the segment with `seed` to `out`, padding included. The

@@ -67,7 +67,16 @@ pub(crate) struct SegmentWriter {
     dirty: Vec<(String, Arc<dyn StorageFile>)>,
     /// Segments were created or renamed since the last directory sync.
     dir_dirty: bool,
+    /// Write zeros ahead of the data (see [`Self::zero_ahead`]).
+    zero_ahead: bool,
+    /// Bytes of the active file from its start that have been written (with data or zeros),
+    /// so their blocks exist: all of a recycled file.
+    written: u64,
 }
+
+/// How far [`SegmentWriter::zero_ahead`] writes zeros past the data at a time.
+const ZERO_STEP: u64 = 256 << 10;
+static ZEROS: [u8; ZERO_STEP as usize] = [0; ZERO_STEP as usize];
 
 impl SegmentWriter {
     /// Starts the segment with `seed`, created anew or recycled from a free segment.
@@ -78,6 +87,7 @@ impl SegmentWriter {
         capacity: u64,
         buf_limit: usize,
     ) -> io::Result<Self> {
+        let written = written_at_start(&source, capacity);
         let (name, file) = open_segment(&*storage, seed.seq, source, capacity)?;
         let mut buf = Vec::with_capacity(buf_limit + 4096);
         buf.extend_from_slice(&format::encode_segment_header(seed));
@@ -93,11 +103,24 @@ impl SegmentWriter {
             active_dirty: true,
             dirty: Vec::new(),
             dir_dirty: true,
+            zero_ahead: false,
+            written,
         };
         // The header goes out at once, so a segment file is never seen without one unless
         // a crash dropped it.
         w.flush()?;
         Ok(w)
+    }
+
+    /// Keeps zeros written ahead of the data in new segments ([`ZERO_STEP`] at a time), for a
+    /// log that syncs after every few frames (durable mode). A new segment's blocks do not
+    /// exist until written, and a sync that has to allocate one also writes the file's
+    /// extent map: one more disk write in every sync that enters a new 4 KiB block. Zeros
+    /// written ahead allocate the blocks in one sync per step instead. The zeros lie past the
+    /// end of the log, where a segment reads as unwritten anyway.
+    pub fn zero_ahead(mut self, on: bool) -> Self {
+        self.zero_ahead = on;
+        self
     }
 
     /// Sequence number of the active segment.
@@ -155,7 +178,9 @@ impl SegmentWriter {
             seq: self.seed.seq + 1,
             salt,
         };
+        let written = written_at_start(&source, self.capacity);
         let (name, file) = open_segment(&*self.storage, next.seq, source, self.capacity)?;
+        self.written = written;
         let old_name = std::mem::replace(&mut self.name, name);
         let old_file = std::mem::replace(&mut self.file, file);
         self.dirty.push((old_name, old_file));
@@ -190,7 +215,26 @@ impl SegmentWriter {
         res?;
         self.flushed += len as u64;
         self.buf.clear();
+        self.written = self.written.max(self.flushed);
+        if self.zero_ahead && self.flushed + ZERO_STEP / 2 > self.written {
+            self.write_zeros();
+        }
         Ok(())
+    }
+
+    /// Writes zeros from the end of what is written to a step past the data. A failure is
+    /// ignored: the zeros only save work, and the log's own writes report the disk's state.
+    fn write_zeros(&mut self) {
+        let to = (self.flushed.next_multiple_of(ZERO_STEP) + ZERO_STEP).min(self.capacity);
+        let mut at = self.written;
+        while at < to {
+            let n = (to - at).min(ZERO_STEP);
+            if self.file.write_at(at, &ZEROS[..n as usize]).is_err() {
+                break;
+            }
+            at += n;
+        }
+        self.written = at.max(self.written);
     }
 
     /// Flushes and takes the set of files that must be synced for everything written so far
@@ -204,6 +248,14 @@ impl SegmentWriter {
         }
         let dir = std::mem::take(&mut self.dir_dirty);
         Ok(SyncSet { files, dir })
+    }
+}
+
+/// Bytes of a segment known to be written when it becomes active.
+fn written_at_start(source: &NewSegment, capacity: u64) -> u64 {
+    match source {
+        NewSegment::Create => 0,
+        NewSegment::Recycle(_) => capacity,
     }
 }
 

@@ -210,6 +210,7 @@ impl WalSink {
             options.segment_size,
             options.write_buffer_size,
         )
+        .map(|seg| seg.zero_ahead(options.mode == Mode::Durable))
         .map_err(|e| {
             Error::io(
                 format!("create segment {}", format::segment_name(next_seq)),

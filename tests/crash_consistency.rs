@@ -67,3 +67,35 @@ fn every_sync_point_of_fixed_workloads() {
         "workloads too small: {points} sync points"
     );
 }
+
+#[test]
+fn durable_mode_keeps_every_acknowledged_append_across_crashes() {
+    let seeds = env_u64("WALSINK_DURABLE_SIM_SEEDS").unwrap_or(300);
+    let start = env_u64("WALSINK_SIM_START").unwrap_or(0);
+    let (mut crashes, mut acked, mut delivered, mut failed) = (0, 0, 0, 0);
+    for seed in start..start + seeds {
+        match simulation::run_durable(seed, 300) {
+            Ok(s) => {
+                crashes += s.crashes;
+                acked += s.acknowledged;
+                delivered += s.delivered;
+                failed += s.failed_syncs;
+            }
+            Err(f) => panic!("{f}"),
+        }
+    }
+    eprintln!(
+        "{seeds} durable-mode seeds: {crashes} crashes, {acked} acknowledged records, {delivered} epochs delivered, {failed} failed syncs injected"
+    );
+    // The workload must really crash, fail and deliver, or the test proves nothing.
+    assert!(crashes as u64 >= seeds, "only {crashes} crashes");
+    assert!(
+        acked as u64 >= seeds * 50,
+        "only {acked} acknowledged records"
+    );
+    assert!(
+        delivered as u64 >= seeds * 10,
+        "only {delivered} epochs delivered"
+    );
+    assert!(failed as u64 >= seeds, "only {failed} failed syncs");
+}

@@ -34,10 +34,18 @@
 //! - `health` has no error left after a delivery that succeeded;
 //! - files set aside by lenient recovery are never changed or removed;
 //! - recovery never fails on an image a crash produced.
+//!
+//! Durable-buffer mode has a workload of its own ([`run_durable`]): the four ways to append
+//! (one record, a batch, and the two-step `try_append_batch`/`append_batch_unsynced` with
+//! `make_durable` later), deliveries that may fail, kills, failed syncs, process kills and
+//! power losses, checked per record: what an append acknowledged arrives exactly once and in
+//! order, and what was cut short arrives at most once, in order.
 
+mod durable;
 mod fuzz;
 mod runner;
 
+pub use durable::run_durable;
 pub use fuzz::{check_decode, check_ops, check_recovery};
 
 use runner::Halt;
@@ -202,6 +210,8 @@ pub struct RunStats {
     pub damages: usize,
     /// Recoveries that had to run in the lenient mode.
     pub lenient_recoveries: usize,
+    /// Records whose append returned `Ok` (durable-mode runs).
+    pub acknowledged: usize,
 }
 
 /// Runs seed `seed`: `ops` random operations, with up to `crashes` kills armed at random.

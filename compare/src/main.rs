@@ -31,7 +31,30 @@ struct Run {
     secs: f64,
     ops: u64,
     bytes: u64,
+    /// Write requests the block devices completed meanwhile (0 where not counted).
+    disk_writes: u64,
 }
+
+/// Write requests completed by the machine's block devices so far (field 5 of
+/// `/sys/block/*/stat`), or 0 where that cannot be read. Counting them for a durable case
+/// shows what each sync costs the disk, which timings on a shared disk hide in noise.
+fn disk_writes() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/sys/block") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|d| {
+            let n = d.file_name();
+            let n = n.to_string_lossy();
+            !n.starts_with("loop") && !n.starts_with("ram")
+        })
+        .filter_map(|d| std::fs::read_to_string(d.path().join("stat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(4)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// One implementation of a case: its name and how to run it in a directory.
+type Imp<'a> = (&'static str, Box<dyn Fn(&Path) -> Run + 'a>);
 
 fn record(i: u64, size: usize) -> Vec<u8> {
     // Incompressible-looking bytes, so no implementation is flattered by compression.
@@ -51,12 +74,14 @@ fn records(n: u64, size: usize) -> Vec<Vec<u8>> {
 }
 
 fn timed(ops: u64, bytes: u64, f: impl FnOnce()) -> Run {
+    let w = disk_writes();
     let t = Instant::now();
     f();
     Run {
         secs: t.elapsed().as_secs_f64(),
         ops,
         bytes,
+        disk_writes: disk_writes().saturating_sub(w),
     }
 }
 
@@ -117,6 +142,7 @@ fn floor_read(paths: &[std::path::PathBuf]) -> Run {
         secs: t.elapsed().as_secs_f64(),
         ops: 1,
         bytes: total,
+        disk_writes: 0,
     }
 }
 
@@ -165,6 +191,7 @@ fn concurrent(
             })
         })
         .collect();
+    let w = disk_writes();
     let start = Instant::now();
     barrier.wait();
     for h in handles {
@@ -174,6 +201,7 @@ fn concurrent(
         secs: start.elapsed().as_secs_f64(),
         ops: n,
         bytes,
+        disk_writes: disk_writes().saturating_sub(w),
     }
 }
 
@@ -288,6 +316,7 @@ fn walsink_recover(dir: &Path, bytes: u64) -> Run {
         secs,
         ops: 1,
         bytes,
+        disk_writes: 0,
     }
 }
 
@@ -320,6 +349,7 @@ fn walsink_deliver_null(dir: &Path, bytes: u64) -> (Run, Run) {
         secs: t.elapsed().as_secs_f64(),
         ops: report.pending_records,
         bytes: report.pending_records * 4096,
+        disk_writes: 0,
     };
     assert_eq!(wal.health().backlog_epochs, 0);
     (run, floor)
@@ -449,7 +479,15 @@ fn print_table(t: &Table, floor_of: &dyn Fn(&str) -> &'static str) {
         let tput = if case.starts_with("recovery") || case.starts_with("delivery") {
             format!("{:.2} GB/s", mb_s / 1000.0)
         } else if case.starts_with("durable") {
-            format!("{ops_s:.0} appends/s ({:.1} µs each)", 1e6 / ops_s)
+            let writes = median(
+                runs.iter()
+                    .map(|r| r.disk_writes as f64 / r.ops as f64)
+                    .collect(),
+            );
+            format!(
+                "{ops_s:.0} appends/s ({:.1} µs each, {writes:.3} disk writes each)",
+                1e6 / ops_s
+            )
         } else {
             format!("{:.2} M records/s, {mb_s:.0} MB/s", ops_s / 1e6)
         };
@@ -545,7 +583,7 @@ fn main() {
                 continue;
             }
             // Rotate the order so no implementation always runs right after another's flush.
-            let mut imps: Vec<(&str, Box<dyn Fn(&Path) -> Run>)> = vec![
+            let mut imps: Vec<Imp> = vec![
                 (
                     "floor: buffered write + 1 fdatasync",
                     Box::new(|d| floor_buffered(d, recs)),
@@ -565,7 +603,7 @@ fn main() {
             if !run_case(&case) {
                 continue;
             }
-            let mut imps: Vec<(&str, Box<dyn Fn(&Path) -> Run>)> = vec![
+            let mut imps: Vec<Imp> = vec![
                 (
                     "floor: pwrite + fdatasync loop",
                     Box::new(|d| floor_fsync_loop(d, &durable)),

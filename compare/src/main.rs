@@ -33,6 +33,20 @@ struct Run {
     bytes: u64,
     /// Write requests the block devices completed meanwhile (0 where not counted).
     disk_writes: u64,
+    /// CPU time (user and system, all threads) the process used meanwhile (0 where not
+    /// counted).
+    cpu_secs: f64,
+}
+
+/// CPU time, user and system, of every thread of the process so far (exited ones included).
+fn cpu_time() -> f64 {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 /// Write requests completed by the machine's block devices so far (field 5 of
@@ -74,7 +88,7 @@ fn records(n: u64, size: usize) -> Vec<Vec<u8>> {
 }
 
 fn timed(ops: u64, bytes: u64, f: impl FnOnce()) -> Run {
-    let w = disk_writes();
+    let (w, c) = (disk_writes(), cpu_time());
     let t = Instant::now();
     f();
     Run {
@@ -82,6 +96,7 @@ fn timed(ops: u64, bytes: u64, f: impl FnOnce()) -> Run {
         ops,
         bytes,
         disk_writes: disk_writes().saturating_sub(w),
+        cpu_secs: cpu_time() - c,
     }
 }
 
@@ -143,6 +158,7 @@ fn floor_read(paths: &[std::path::PathBuf]) -> Run {
         ops: 1,
         bytes: total,
         disk_writes: 0,
+        cpu_secs: 0.0,
     }
 }
 
@@ -191,7 +207,7 @@ fn concurrent(
             })
         })
         .collect();
-    let w = disk_writes();
+    let (w, c) = (disk_writes(), cpu_time());
     let start = Instant::now();
     barrier.wait();
     for h in handles {
@@ -202,6 +218,7 @@ fn concurrent(
         ops: n,
         bytes,
         disk_writes: disk_writes().saturating_sub(w),
+        cpu_secs: cpu_time() - c,
     }
 }
 
@@ -317,6 +334,7 @@ fn walsink_recover(dir: &Path, bytes: u64) -> Run {
         ops: 1,
         bytes,
         disk_writes: 0,
+        cpu_secs: 0.0,
     }
 }
 
@@ -350,6 +368,7 @@ fn walsink_deliver_null(dir: &Path, bytes: u64) -> (Run, Run) {
         ops: report.pending_records,
         bytes: report.pending_records * 4096,
         disk_writes: 0,
+        cpu_secs: 0.0,
     };
     assert_eq!(wal.health().backlog_epochs, 0);
     (run, floor)
@@ -484,8 +503,13 @@ fn print_table(t: &Table, floor_of: &dyn Fn(&str) -> &'static str) {
                     .map(|r| r.disk_writes as f64 / r.ops as f64)
                     .collect(),
             );
+            let cpu = median(
+                runs.iter()
+                    .map(|r| r.cpu_secs * 1e6 / r.ops as f64)
+                    .collect(),
+            );
             format!(
-                "{ops_s:.0} appends/s ({:.1} µs each, {writes:.3} disk writes each)",
+                "{ops_s:.0} appends/s ({:.1} µs each; each: {writes:.3} disk writes, {cpu:.1} µs CPU)",
                 1e6 / ops_s
             )
         } else {

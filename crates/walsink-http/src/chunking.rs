@@ -13,8 +13,10 @@
 //! [`Newline::Escape`] every record is escaped: `\` becomes `\\` and a newline becomes
 //! `\n` (backslash, `n`), which [`unescape`] reverses.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use parking_lot::Mutex;
 use std::fmt;
+use std::sync::Arc;
 
 /// What a record holding a newline does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,16 +70,52 @@ pub struct NewlineInRecord {
     pub offset: usize,
 }
 
+/// Body buffers kept for reuse across chunks and epochs. A body of hundreds of KiB is a
+/// fresh `mmap` for the allocator each time; the kernel then zeroes every page on first write
+/// and unmaps it again on free, which cost more than copying the records in. A buffer comes
+/// back ([`BodyPool::give_back`]) once the request that carried it is answered.
+#[derive(Debug, Default)]
+pub struct BodyPool {
+    spare: Mutex<Vec<Vec<u8>>>,
+    keep: usize,
+}
+
+impl BodyPool {
+    /// A pool that keeps at most `keep` buffers.
+    pub fn new(keep: usize) -> Arc<BodyPool> {
+        Arc::new(BodyPool {
+            spare: Mutex::new(Vec::new()),
+            keep,
+        })
+    }
+
+    fn take(&self) -> Vec<u8> {
+        self.spare.lock().pop().unwrap_or_default()
+    }
+
+    /// Takes a body's bytes back if nothing else refers to them any more.
+    pub fn give_back(&self, body: Bytes) {
+        if let Ok(m) = body.try_into_mut() {
+            let mut v = Vec::from(m);
+            v.clear();
+            let mut spare = self.spare.lock();
+            if spare.len() < self.keep {
+                spare.push(v);
+            }
+        }
+    }
+}
+
 /// Cuts one epoch's records into bodies; see the module docs.
 #[derive(Debug)]
 pub struct Chunker {
     rules: Chunking,
-    buf: BytesMut,
+    buf: Vec<u8>,
+    pool: Option<Arc<BodyPool>>,
     count: u64,
     first: u64,
     next_chunk: u64,
     next_index: u64,
-    last_len: usize,
 }
 
 impl Chunker {
@@ -85,12 +123,20 @@ impl Chunker {
     pub fn new(rules: Chunking) -> Chunker {
         Chunker {
             rules,
-            buf: BytesMut::new(),
+            buf: Vec::new(),
+            pool: None,
             count: 0,
             first: 0,
             next_chunk: 0,
             next_index: 0,
-            last_len: 4096,
+        }
+    }
+
+    /// A chunker that takes its body buffers from `pool` (the bodies are the same).
+    pub fn with_pool(rules: Chunking, pool: Arc<BodyPool>) -> Chunker {
+        Chunker {
+            pool: Some(pool),
+            ..Chunker::new(rules)
         }
     }
 
@@ -116,6 +162,11 @@ impl Chunker {
         };
         if self.count == 0 {
             self.first = index;
+            if self.buf.capacity() == 0 {
+                if let Some(pool) = &self.pool {
+                    self.buf = pool.take();
+                }
+            }
             self.buf
                 .reserve(encoded.max(self.rules.max_bytes.min(1 << 20)));
         }
@@ -135,12 +186,11 @@ impl Chunker {
     }
 
     fn take(&mut self) -> Body {
-        self.last_len = self.buf.len();
         let body = Body {
             chunk: self.next_chunk,
             first: self.first,
             records: self.count,
-            bytes: self.buf.split().freeze(),
+            bytes: Bytes::from(std::mem::take(&mut self.buf)),
         };
         self.next_chunk += 1;
         self.count = 0;
@@ -148,7 +198,7 @@ impl Chunker {
     }
 }
 
-fn escape_into(buf: &mut BytesMut, record: &[u8]) {
+fn escape_into(buf: &mut Vec<u8>, record: &[u8]) {
     let mut start = 0;
     for i in memchr::memchr2_iter(b'\n', b'\\', record) {
         let esc: &[u8] = if record[i] == b'\n' { b"\\n" } else { b"\\\\" };
@@ -266,6 +316,46 @@ mod tests {
             split(&a[0].bytes, Newline::Escape),
             recs.map(|r| r.to_vec())
         );
+    }
+
+    #[test]
+    fn a_pooled_chunker_cuts_the_same_bodies_and_reuses_answered_buffers() {
+        let recs: Vec<Vec<u8>> = (0..40u32)
+            .map(|i| vec![b'a' + (i % 26) as u8; 100])
+            .collect();
+        let refs: Vec<&[u8]> = recs.iter().map(|r| r.as_slice()).collect();
+        let r = rules(5, 1000, Newline::Reject);
+        let pool = BodyPool::new(2);
+        // Bodies given back at once (answered requests) are filled again: the same bytes.
+        let mut c = Chunker::with_pool(r, pool.clone());
+        let (mut pooled, mut seen) = (Vec::new(), std::collections::HashSet::new());
+        for rec in &refs {
+            if let Some(b) = c.push(rec).unwrap() {
+                seen.insert(b.bytes.as_ptr() as usize);
+                pooled.push(Body {
+                    bytes: Bytes::copy_from_slice(&b.bytes),
+                    ..b.clone()
+                });
+                pool.give_back(b.bytes);
+            }
+        }
+        pooled.extend(c.finish());
+        assert_eq!(
+            pooled,
+            cut(r, &refs).unwrap(),
+            "the same bodies as without a pool"
+        );
+        // A body closes when the next record arrives, so that record is written into a second
+        // buffer before the first comes back: two buffers serve all eight bodies.
+        assert_eq!(seen.len(), 2, "two buffers served every body");
+        // A body still referred to (a request in flight) is not taken back.
+        let mut c = Chunker::with_pool(r, pool.clone());
+        c.push(refs[0]).unwrap();
+        let held = c.finish().unwrap();
+        let keep = held.bytes.clone();
+        pool.give_back(held.bytes);
+        c.push(refs[1]).unwrap();
+        assert_ne!(c.buf.as_ptr(), keep.as_ptr());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! [`HttpSink`]: POSTs each epoch in deterministic chunks under `Idempotency-Key` headers.
 
-use crate::chunking::{Body, Chunker};
+use crate::chunking::{Body, BodyPool, Chunker};
 use crate::classify::{self, Outcome};
 use crate::config::Config;
 use bytes::Bytes;
@@ -85,6 +85,8 @@ struct Shared {
     /// Authorization and the other fixed headers, marked sensitive.
     headers: HeaderMap,
     shown: String,
+    /// Body buffers for reuse: one per request in flight, and one being filled.
+    bodies: Arc<BodyPool>,
 }
 
 impl fmt::Debug for HttpSink {
@@ -154,12 +156,14 @@ impl HttpSink {
         }
         let client = b.build().map_err(|e| BuildError::Client(chain(&e)))?;
         let shown = cfg.to_string();
+        let bodies = BodyPool::new(cfg.concurrency.max(1) + 1);
         Ok(HttpSink {
             client,
             shared: Arc::new(Shared {
                 cfg,
                 headers,
                 shown,
+                bodies,
             }),
             acked: None,
         })
@@ -177,7 +181,7 @@ impl HttpSink {
             self.acked = Some((key.clone(), BTreeSet::new()));
         }
         let cfg = &self.shared.cfg;
-        let mut chunker = Chunker::new(cfg.chunking());
+        let mut chunker = Chunker::with_pool(cfg.chunking(), self.shared.bodies.clone());
         let mut flight = Flight {
             set: JoinSet::new(),
             limit: cfg.concurrency.max(1),
@@ -355,7 +359,11 @@ async fn send_chunk(
             )
         };
         match outcome {
-            Outcome::Done => return Ok(body.chunk),
+            Outcome::Done => {
+                drop(payload);
+                shared.bodies.give_back(body.bytes);
+                return Ok(body.chunk);
+            }
             Outcome::Permanent => {
                 return Err(SinkError::permanent(format!(
                     "{} was refused: {what}; a retry cannot change that: fix the receiver or the sink URL",

@@ -249,11 +249,7 @@ impl DurableRun {
     /// or the machine loses power, and the log is opened again.
     fn crash(&mut self, process_only: bool) -> Result<(), SimFailure> {
         self.wal = None;
-        let how = if process_only && !self.poisoned {
-            CrashOptions::process_kill()
-        } else {
-            CrashOptions::power_loss(self.rng.u64(..))
-        };
+        let how = super::crash_options(process_only, self.poisoned, &mut self.rng);
         self.sim.crash(how);
         self.stats.crashes += 1;
         self.maybe.extend(self.written.drain(..));

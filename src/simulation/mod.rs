@@ -46,6 +46,21 @@ mod fuzz;
 mod runner;
 
 pub use durable::run_durable;
+
+/// The crash a workload asked for: a process kill (the machine stays up), unless a sync
+/// failed, after which nothing since the last good sync is known durable and the machine
+/// loses power; or a power loss with seeded choices of what survives.
+fn crash_options(
+    process_only: bool,
+    poisoned: bool,
+    rng: &mut fastrand::Rng,
+) -> crate::storage::CrashOptions {
+    if process_only && !poisoned {
+        crate::storage::CrashOptions::process_kill()
+    } else {
+        crate::storage::CrashOptions::power_loss(rng.u64(..))
+    }
+}
 pub use fuzz::{check_decode, check_ops, check_recovery};
 
 use runner::Halt;

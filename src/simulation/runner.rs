@@ -542,11 +542,7 @@ impl Run {
     /// Power loss after a failed sync (or a kill): the disk a restart sees.
     fn crash(&mut self, process_only: bool) {
         self.wal = None;
-        let how = if process_only && !self.poisoned {
-            CrashOptions::process_kill()
-        } else {
-            CrashOptions::power_loss(self.rng.u64(..))
-        };
+        let how = super::crash_options(process_only, self.poisoned, &mut self.rng);
         self.sim.crash(how);
         if let Some(t) = &self.target {
             // The same machine: the target's disk loses power (or its process dies) too.

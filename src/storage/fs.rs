@@ -33,16 +33,20 @@ impl FsStorage {
 /// Closes removed files on a thread of its own: see [`FsStorage::remove`].
 mod release {
     use std::fs::File;
-    use std::sync::mpsc::{channel, Sender};
+    use std::sync::mpsc::{sync_channel, SyncSender};
     use std::sync::OnceLock;
 
-    static QUEUE: OnceLock<Option<Sender<File>>> = OnceLock::new();
+    /// Files waiting to be closed at most: each holds a descriptor, so a burst of removals
+    /// faster than the thread closes them must not pile up without bound.
+    const WAITING: usize = 64;
 
-    /// Hands `file` to the release thread, started on first use. Without one (the thread
-    /// could not start), the file is closed here.
+    static QUEUE: OnceLock<Option<SyncSender<File>>> = OnceLock::new();
+
+    /// Hands `file` to the release thread, started on first use. When the thread could not
+    /// start, or already has [`WAITING`] files to close, the file is closed here.
     pub(super) fn close_later(file: File) {
         let queue = QUEUE.get_or_init(|| {
-            let (tx, rx) = channel::<File>();
+            let (tx, rx) = sync_channel::<File>(WAITING);
             std::thread::Builder::new()
                 .name("walsink-release".into())
                 .spawn(move || rx.into_iter().for_each(drop))
@@ -50,8 +54,8 @@ mod release {
                 .map(|_| tx)
         });
         if let Some(tx) = queue {
-            // A send fails only if the thread is gone; the file is then closed here.
-            let _ = tx.send(file);
+            // A full queue or a thread that is gone hands the file back; it closes here.
+            let _ = tx.try_send(file);
         }
     }
 }
@@ -160,5 +164,39 @@ impl Storage for FsStorage {
 
     fn describe(&self) -> String {
         self.dir.display().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+    }
+
+    #[test]
+    fn a_removed_file_is_gone_at_once_and_closed_later_without_piling_up_descriptors() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = FsStorage::new(dir.path()).unwrap();
+        let before = open_fds();
+        for i in 0..500 {
+            let name = format!("f{i}");
+            st.create(&name).unwrap().write_at(0, &[7u8; 4096]).unwrap();
+            st.remove(&name).unwrap();
+            assert!(!dir.path().join(&name).exists(), "{name} still listed");
+        }
+        assert!(st.list().unwrap().is_empty());
+        // At most the release thread's queue (and the odd descriptor of another test).
+        assert!(
+            open_fds() <= before + 64 + 16,
+            "{} descriptors open, {before} before",
+            open_fds()
+        );
+        assert_eq!(
+            st.remove("f0").unwrap_err().kind(),
+            io::ErrorKind::NotFound,
+            "removing twice reports the file missing"
+        );
     }
 }

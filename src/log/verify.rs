@@ -133,12 +133,26 @@ fn problem(
 }
 
 /// How often a read-only pass starts over when a live writer changed the log underneath it.
-const LIVE_RETRIES: u32 = 8;
+/// A writer that frees a small segment every few milliseconds can make most passes over a
+/// busy log meet a vanished file (measured: more than half), so the bound is generous; a
+/// pass starts over only after a file vanished or the set of segments changed.
+const LIVE_RETRIES: u32 = 32;
 
 /// True for an error caused by a file that vanished: a live writer freed (removed or recycled)
 /// a segment between the listing and the read.
 fn vanished(e: &Error) -> bool {
     matches!(e.kind(), ErrorKind::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// The error of a pass (`what`: verify or dump) that started over [`LIVE_RETRIES`] times: it
+/// says that the log is busy, not damaged, and that another try may get through.
+fn busy(what: &str, e: Error) -> Error {
+    Error::io(
+        format!(
+            "{what} a live log (a writer freed segments during each of {LIVE_RETRIES} passes; that is not damage: try again, or stop the writer); the last pass failed"
+        ),
+        std::io::Error::new(std::io::ErrorKind::NotFound, e.to_string()),
+    )
 }
 
 /// The segment names in the directory, sorted, to tell whether a writer changed the log.
@@ -158,7 +172,9 @@ fn segment_list(storage: &dyn Storage) -> Result<Vec<String>> {
 ///
 /// A log that is being written can be checked: when a segment vanishes during the pass (a
 /// live writer freed it), or problems were found while the set of segments changed, the pass
-/// starts over, a few times at most.
+/// starts over, up to 32 times. The commit mark is read after the segments, so a segment freed
+/// during the pass is known to be committed. A log that changes under every pass is reported as
+/// busy (an I/O error that says so), never as damage.
 pub fn verify(storage: &dyn Storage) -> Result<VerifyReport> {
     let mut attempt = 0;
     loop {
@@ -166,6 +182,7 @@ pub fn verify(storage: &dyn Storage) -> Result<VerifyReport> {
         let before = segment_list(storage)?;
         match verify_once(storage) {
             Err(e) if attempt < LIVE_RETRIES && vanished(&e) => continue,
+            Err(e) if vanished(&e) => return Err(busy("verify", e)),
             Ok(r) if !r.ok && attempt < LIVE_RETRIES && segment_list(storage)? != before => {
                 continue
             }
@@ -192,6 +209,9 @@ fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
             "identity file does not verify",
         )),
     }
+    let scan = scan::scan(storage);
+    // The commit store is read after the scan: a live writer marks before it frees, so the
+    // mark read now covers every segment freed before or during the scan.
     match LocalCommitStore::read(storage) {
         Ok(c) => r.committed = c,
         Err(e) => r.problems.push(problem(
@@ -201,7 +221,7 @@ fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
             e.to_string(),
         )),
     }
-    let scan = match scan::scan(storage) {
+    let scan = match scan {
         Ok(s) => s,
         Err(e) => {
             match e.into_kind() {
@@ -228,11 +248,12 @@ fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
     };
     for &seq in &scan.segments {
         let name = format::segment_name(seq);
-        let len = storage
-            .open(&name)
-            .and_then(|f| f.len())
-            .map_err(|e| Error::io(format!("stat {name}"), e))?;
-        r.segments.push((name, len));
+        match storage.open(&name).and_then(|f| f.len()) {
+            Ok(len) => r.segments.push((name, len)),
+            // Freed by a live writer since the scan read it: committed meanwhile.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("stat {name}"), e)),
+        }
     }
     for name in &scan.unexpected {
         r.problems.push(problem(
@@ -359,15 +380,17 @@ pub fn dump(
     let identity = layout::read_identity(storage).ok().flatten();
     let (sink_id, subtask) = identity.unwrap_or_else(|| ("unknown".into(), 0));
     let sink_id: std::sync::Arc<str> = sink_id.into();
-    let committed = LocalCommitStore::read(storage).unwrap_or(None);
     let mut attempt = 0;
     let scan = loop {
         attempt += 1;
         match scan::scan(storage) {
             Err(e) if attempt < LIVE_RETRIES && vanished(&e) => continue,
+            Err(e) if vanished(&e) => return Err(busy("dump", e)),
             other => break other?,
         }
     };
+    // Read after the scan, as in `verify`: it covers every segment a live writer freed.
+    let committed = LocalCommitStore::read(storage).unwrap_or(None);
     let voided = scan.voided(committed);
     let pool = Arc::new(reader::BufferPool::default());
     for ev in &scan.events {
@@ -446,6 +469,8 @@ mod tests {
     struct Vanishing {
         fs: FsStorage,
         vanished: AtomicBool,
+        /// Every open of a segment fails, as under a writer that frees faster than a pass.
+        always: bool,
     }
 
     impl Storage for Vanishing {
@@ -453,7 +478,9 @@ mod tests {
             self.fs.list()
         }
         fn open(&self, name: &str) -> std::io::Result<Arc<dyn StorageFile>> {
-            if name.ends_with(".wseg") && !self.vanished.swap(true, Ordering::SeqCst) {
+            if name.ends_with(".wseg")
+                && (self.always || !self.vanished.swap(true, Ordering::SeqCst))
+            {
                 return Err(std::io::ErrorKind::NotFound.into());
             }
             self.fs.open(name)
@@ -491,6 +518,7 @@ mod tests {
         let st = Vanishing {
             fs: FsStorage::new(d.path()).unwrap(),
             vanished: AtomicBool::new(false),
+            always: false,
         };
         let r = verify(&st).unwrap();
         assert!(r.ok, "{:?}", r.problems);
@@ -504,5 +532,21 @@ mod tests {
         })
         .unwrap();
         assert_eq!(records, 1);
+    }
+
+    #[test]
+    fn a_log_that_changes_under_every_pass_is_reported_busy_not_damaged() {
+        let d = tempfile::tempdir().unwrap();
+        log_with_one_checkpoint(d.path());
+        let st = Vanishing {
+            fs: FsStorage::new(d.path()).unwrap(),
+            vanished: AtomicBool::new(false),
+            always: true,
+        };
+        let e = verify(&st).unwrap_err().to_string();
+        assert!(e.contains("live log") && e.contains("not damage"), "{e}");
+        let st: Arc<dyn Storage> = Arc::new(st);
+        let e = dump(st, |_, _, _| Ok(())).unwrap_err().to_string();
+        assert!(e.contains("dump a live log"), "{e}");
     }
 }

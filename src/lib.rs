@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod buffer_pool;
 mod config;
 mod delivery;
 mod error;
@@ -13,6 +14,7 @@ pub mod sinks;
 pub mod storage;
 mod wal;
 
+pub use buffer_pool::BufferPool;
 pub use config::{validate_sink_id, FullPolicy, Mode, Options, RecoveryMode, RetryPolicy};
 pub use delivery::catalog::{CheckpointState, Health, PendingCheckpoint};
 pub use delivery::commit_store::{CommitStore, LocalCommitStore, MemoryCommitStore};

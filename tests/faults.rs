@@ -6,47 +6,9 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use walsink::{ErrorKind, MemorySink, WalSink};
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
-}
-
-/// Skips (saying why) when not root, except in CI, where these tests must run.
-fn need_root(test: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(std::env::var("CI").is_err(), "{test} needs root in CI");
-    eprintln!("skipping {test}: needs root (mount, chattr)");
-    false
-}
-
-struct Tmpfs(PathBuf, #[allow(dead_code)] tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: &str) -> Tmpfs {
-        let dir = tempfile::tempdir().unwrap();
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount tmpfs failed");
-        Tmpfs(dir.path().to_path_buf(), dir)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 fn is_enospc(e: &walsink::Error) -> bool {
     matches!(e.kind(), ErrorKind::Io { source, .. } if source.raw_os_error() == Some(28))

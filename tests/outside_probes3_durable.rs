@@ -3,6 +3,8 @@
 //! freeing with the file closed on a background thread, and the frame header checksum
 //! (checked against an independent implementation of the documented layout).
 
+mod common;
+use common::{need_root, Tmpfs};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
@@ -1824,10 +1826,6 @@ fn release_threads_and_descriptors_do_not_pile_up_across_handles() {
 // ---------------------------------------------------------------------------------------
 // 10. a full disk: service comes back once delivery frees segments
 
-extern "C" {
-    fn geteuid() -> u32;
-}
-
 /// Durable appends on a 2 MiB tmpfs (as root; skipped, saying so, otherwise), recycling off
 /// and on, with a filler file taking a quarter of it: appends fill the disk and fail (every
 /// acknowledged one kept); the operator deletes the filler; the log reopens and delivers;
@@ -1836,35 +1834,13 @@ extern "C" {
 /// record is delivered once, in order.
 #[test]
 fn a_full_disk_serves_again_after_space_is_freed() {
-    if unsafe { geteuid() } != 0 {
-        // Without root on a developer's machine only; CI runs as root and must run it.
-        assert!(
-            std::env::var("CI").is_err(),
-            "a_full_disk_serves_again_after_space_is_freed needs root in CI"
-        );
-        eprintln!("skipping: needs root to mount a tmpfs");
+    if !need_root("a_full_disk_serves_again_after_space_is_freed") {
         return;
     }
     for recycle in [false, true] {
         let base = tempfile::tempdir().unwrap();
-        let mnt = base.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        let st = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
-            .arg(&mnt)
-            .status()
-            .unwrap();
-        assert!(st.success());
-        struct Unmount(PathBuf);
-        impl Drop for Unmount {
-            fn drop(&mut self) {
-                let _ = std::process::Command::new("umount")
-                    .arg("-l")
-                    .arg(&self.0)
-                    .status();
-            }
-        }
-        let _u = Unmount(mnt.clone());
+        let fs = Tmpfs::mount("2m");
+        let mnt = fs.0.clone();
         std::fs::write(mnt.join("filler"), vec![7u8; 512 << 10]).unwrap();
         let wdir = mnt.join("wal");
         let out = base.path().join("out");

@@ -2,6 +2,8 @@
 //! "Durable-buffer mode"): concurrent appenders of every kind with delivery, health and
 //! committer restarts running; a directory removed and a full disk; latency outliers.
 
+mod common;
+use common::{need_root, Tmpfs};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -246,31 +248,12 @@ fn run_until_failure(
 /// every acknowledged record exactly once.
 #[test]
 fn a_full_disk_fails_appends_and_keeps_every_acknowledged_one() {
-    if unsafe { libc_geteuid() } != 0 {
-        // As tests/faults.rs: skipped (saying why) on a machine without root, never in CI.
-        assert!(
-            std::env::var("CI").is_err(),
-            "the full-disk probe needs root in CI"
-        );
-        eprintln!("skipping the full-disk probe: needs root to mount a tmpfs");
+    if !need_root("a_full_disk_fails_appends_and_keeps_every_acknowledged_one") {
         return;
     }
     let base = tempfile::tempdir().unwrap();
-    let mnt = base.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let st = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _u = Unmount(mnt.clone());
+    let fs = Tmpfs::mount("2m");
+    let mnt = fs.0.clone();
     let opts = || {
         Options::new("full")
             .mode(Mode::Durable)
@@ -422,9 +405,4 @@ fn measure(writers: usize, per: usize, pause: bool) -> Lat {
         p99: v[v.len() * 99 / 100],
         max: *v.last().unwrap(),
     }
-}
-
-extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
 }

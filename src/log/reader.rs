@@ -13,6 +13,7 @@
 //! [`BufferPool`] once nothing refers to them: a buffer whose pages are already mapped is
 //! filled several times faster than a fresh allocation.
 
+use crate::buffer_pool::BufferPool;
 use crate::delivery::catalog::EpochInfo;
 use crate::error::{CorruptionReason, Error, Result};
 use crate::log::format::{self, FrameError, FrameKind, Position, Seed};
@@ -25,27 +26,10 @@ use std::sync::Arc;
 /// The default bound on a chunk ([`Options::read_chunk_size`](crate::Options::read_chunk_size)).
 pub(crate) const CHUNK: usize = 8 << 20;
 
-/// Read buffers kept for reuse.
-#[derive(Debug, Default)]
-pub(crate) struct BufferPool(Mutex<Vec<Vec<u8>>>);
-
-impl BufferPool {
-    /// Buffers kept at most: with [`CHUNK`] they bound the pool at 16 MiB.
-    const KEEP: usize = 2;
-
-    fn take(&self) -> Vec<u8> {
-        self.0.lock().pop().unwrap_or_default()
-    }
-
-    /// Takes a buffer back if nothing else refers to it.
-    fn give_back(&self, buf: Bytes) {
-        if let Ok(m) = buf.try_into_mut() {
-            let mut pool = self.0.lock();
-            if pool.len() < Self::KEEP && m.capacity() <= 2 * CHUNK {
-                pool.push(Vec::from(m));
-            }
-        }
-    }
+/// The pool of read buffers: two kept, each at most two chunks large, which bounds it at
+/// 16 MiB with the default [`CHUNK`].
+pub(crate) fn read_pool() -> Arc<BufferPool> {
+    Arc::new(BufferPool::new(2, 2 * CHUNK))
 }
 
 /// Where an epoch's frames are and what must be found there.
@@ -421,7 +405,7 @@ pub(crate) fn load_tail(
 ) -> Epoch {
     let reader = Arc::new(Reader::new(
         storage.clone(),
-        Arc::default(),
+        read_pool(),
         Extent {
             start,
             stop,

@@ -392,7 +392,7 @@ pub fn dump(
     // Read after the scan, as in `verify`: it covers every segment a live writer freed.
     let committed = LocalCommitStore::read(storage).unwrap_or(None);
     let voided = scan.voided(committed);
-    let pool = Arc::new(reader::BufferPool::default());
+    let pool = reader::read_pool();
     for ev in &scan.events {
         let Event::Barrier(e) = ev else { continue };
         if e.partial {
@@ -473,6 +473,16 @@ mod tests {
         always: bool,
     }
 
+    impl Vanishing {
+        fn new(dir: &std::path::Path, always: bool) -> Vanishing {
+            Vanishing {
+                fs: FsStorage::new(dir).unwrap(),
+                vanished: AtomicBool::new(false),
+                always,
+            }
+        }
+    }
+
     impl Storage for Vanishing {
         fn list(&self) -> std::io::Result<Vec<String>> {
             self.fs.list()
@@ -515,11 +525,7 @@ mod tests {
     fn verify_and_dump_tolerate_a_segment_that_vanishes_during_the_pass() {
         let d = tempfile::tempdir().unwrap();
         log_with_one_checkpoint(d.path());
-        let st = Vanishing {
-            fs: FsStorage::new(d.path()).unwrap(),
-            vanished: AtomicBool::new(false),
-            always: false,
-        };
+        let st = Vanishing::new(d.path(), false);
         let r = verify(&st).unwrap();
         assert!(r.ok, "{:?}", r.problems);
         assert_eq!(r.checkpoints.len(), 1);
@@ -538,11 +544,7 @@ mod tests {
     fn a_log_that_changes_under_every_pass_is_reported_busy_not_damaged() {
         let d = tempfile::tempdir().unwrap();
         log_with_one_checkpoint(d.path());
-        let st = Vanishing {
-            fs: FsStorage::new(d.path()).unwrap(),
-            vanished: AtomicBool::new(false),
-            always: true,
-        };
+        let st = Vanishing::new(d.path(), true);
         let e = verify(&st).unwrap_err().to_string();
         assert!(e.contains("live log") && e.contains("not damage"), "{e}");
         let st: Arc<dyn Storage> = Arc::new(st);

@@ -77,7 +77,7 @@ pub(crate) struct Shared {
     delivering: std::sync::atomic::AtomicBool,
     open_bytes: AtomicU64,
     /// Read buffers reused between delivered epochs.
-    read_pool: Arc<crate::log::reader::BufferPool>,
+    read_pool: Arc<crate::BufferPool>,
     _lock: Box<dyn Send + Sync + std::fmt::Debug>,
 }
 
@@ -271,7 +271,7 @@ impl WalSink {
             listeners: Mutex::new(Vec::new()),
             delivering: std::sync::atomic::AtomicBool::new(false),
             open_bytes: AtomicU64::new(0),
-            read_pool: Default::default(),
+            read_pool: crate::log::reader::read_pool(),
             _lock: lock,
         };
         Ok((

@@ -52,3 +52,51 @@ pub fn segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     v.sort();
     v
 }
+
+fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+/// Whether `test` can run: it needs root (mount, chattr). Skips (saying why) when not root,
+/// except in CI, where such tests must run.
+pub fn need_root(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(std::env::var("CI").is_err(), "{test} needs root in CI");
+    eprintln!("skipping {test}: needs root (mount, chattr)");
+    false
+}
+
+/// A tmpfs of `size` mounted on a fresh temporary directory (as root), unmounted on drop: a
+/// disk that fills up for real.
+pub struct Tmpfs(
+    pub std::path::PathBuf,
+    #[allow(dead_code)] tempfile::TempDir,
+);
+
+impl Tmpfs {
+    /// Mounts one (`size` as `mount -o size=` takes it, for example `2m`).
+    pub fn mount(size: &str) -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs failed");
+        Tmpfs(dir.path().to_path_buf(), dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}

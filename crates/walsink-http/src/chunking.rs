@@ -14,9 +14,9 @@
 //! `\n` (backslash, `n`), which [`unescape`] reverses.
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 use std::fmt;
 use std::sync::Arc;
+use walsink::BufferPool;
 
 /// What a record holding a newline does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,48 +70,12 @@ pub struct NewlineInRecord {
     pub offset: usize,
 }
 
-/// Body buffers kept for reuse across chunks and epochs. A body of hundreds of KiB is a
-/// fresh `mmap` for the allocator each time; the kernel then zeroes every page on first write
-/// and unmaps it again on free, which cost more than copying the records in. A buffer comes
-/// back ([`BodyPool::give_back`]) once the request that carried it is answered.
-#[derive(Debug, Default)]
-pub struct BodyPool {
-    spare: Mutex<Vec<Vec<u8>>>,
-    keep: usize,
-}
-
-impl BodyPool {
-    /// A pool that keeps at most `keep` buffers.
-    pub fn new(keep: usize) -> Arc<BodyPool> {
-        Arc::new(BodyPool {
-            spare: Mutex::new(Vec::new()),
-            keep,
-        })
-    }
-
-    fn take(&self) -> Vec<u8> {
-        self.spare.lock().pop().unwrap_or_default()
-    }
-
-    /// Takes a body's bytes back if nothing else refers to them any more.
-    pub fn give_back(&self, body: Bytes) {
-        if let Ok(m) = body.try_into_mut() {
-            let mut v = Vec::from(m);
-            v.clear();
-            let mut spare = self.spare.lock();
-            if spare.len() < self.keep {
-                spare.push(v);
-            }
-        }
-    }
-}
-
 /// Cuts one epoch's records into bodies; see the module docs.
 #[derive(Debug)]
 pub struct Chunker {
     rules: Chunking,
     buf: Vec<u8>,
-    pool: Option<Arc<BodyPool>>,
+    pool: Option<Arc<BufferPool>>,
     count: u64,
     first: u64,
     next_chunk: u64,
@@ -132,8 +96,10 @@ impl Chunker {
         }
     }
 
-    /// A chunker that takes its body buffers from `pool` (the bodies are the same).
-    pub fn with_pool(rules: Chunking, pool: Arc<BodyPool>) -> Chunker {
+    /// A chunker that takes its body buffers from `pool` (the bodies are the same). A body of
+    /// hundreds of KiB allocated afresh costs more than copying the records into it; give
+    /// each body back once the request that carried it is answered.
+    pub fn with_pool(rules: Chunking, pool: Arc<BufferPool>) -> Chunker {
         Chunker {
             pool: Some(pool),
             ..Chunker::new(rules)
@@ -165,6 +131,7 @@ impl Chunker {
             if self.buf.capacity() == 0 {
                 if let Some(pool) = &self.pool {
                     self.buf = pool.take();
+                    self.buf.clear();
                 }
             }
             self.buf
@@ -325,7 +292,7 @@ mod tests {
             .collect();
         let refs: Vec<&[u8]> = recs.iter().map(|r| r.as_slice()).collect();
         let r = rules(5, 1000, Newline::Reject);
-        let pool = BodyPool::new(2);
+        let pool = Arc::new(BufferPool::new(2, usize::MAX));
         // Bodies given back at once (answered requests) are filled again: the same bytes.
         let mut c = Chunker::with_pool(r, pool.clone());
         let (mut pooled, mut seen) = (Vec::new(), std::collections::HashSet::new());

@@ -1,6 +1,6 @@
 //! [`HttpSink`]: POSTs each epoch in deterministic chunks under `Idempotency-Key` headers.
 
-use crate::chunking::{Body, BodyPool, Chunker};
+use crate::chunking::{Body, Chunker};
 use crate::classify::{self, Outcome};
 use crate::config::Config;
 use bytes::Bytes;
@@ -86,7 +86,7 @@ struct Shared {
     headers: HeaderMap,
     shown: String,
     /// Body buffers for reuse: one per request in flight, and one being filled.
-    bodies: Arc<BodyPool>,
+    bodies: Arc<walsink::BufferPool>,
 }
 
 impl fmt::Debug for HttpSink {
@@ -156,7 +156,12 @@ impl HttpSink {
         }
         let client = b.build().map_err(|e| BuildError::Client(chain(&e)))?;
         let shown = cfg.to_string();
-        let bodies = BodyPool::new(cfg.concurrency.max(1) + 1);
+        // One body per request in flight and one being filled, none larger than a body of
+        // `max_bytes` holding one more record (a body that held one oversized record goes).
+        let bodies = Arc::new(walsink::BufferPool::new(
+            cfg.concurrency.max(1) + 1,
+            cfg.max_bytes.saturating_mul(2),
+        ));
         Ok(HttpSink {
             client,
             shared: Arc::new(Shared {

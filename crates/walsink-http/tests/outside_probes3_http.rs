@@ -11,8 +11,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use walsink::BufferPool;
 use walsink::{Options, RetryPolicy, WalSink};
-use walsink_http::chunking::{BodyPool, Chunker, Chunking, Newline};
+use walsink_http::chunking::{Chunker, Chunking, Newline};
 use walsink_http::{Config, HttpSink};
 use walsink_tokio::deliver_ready;
 
@@ -626,7 +627,7 @@ fn cut(ch: &mut Chunker, recs: &[Vec<u8>]) -> Vec<walsink_http::chunking::Body> 
 /// one after another; four threads sharing one pool.
 #[test]
 fn pooled_bodies_equal_fresh_ones_and_held_bodies_never_change() {
-    let pool = BodyPool::new(3);
+    let pool = std::sync::Arc::new(BufferPool::new(3, usize::MAX));
     let mut held: Vec<(bytes::Bytes, Vec<u8>)> = Vec::new();
     let mut rng = Rng::new(9);
     for round in 0..300u64 {

@@ -36,11 +36,13 @@ pub struct CdcSink {
     config: Config,
     marker: MarkerTable,
     client: Option<Client>,
-    /// Table metadata, valid for this connection until a delivery fails (an `ALTER` may have
-    /// been rolled back).
+    /// Table metadata, valid for this connection until a delivery fails or is dropped (an
+    /// `ALTER` may have been rolled back).
     tables: HashMap<String, Target>,
     statements: Statements,
     stats: Stats,
+    /// A delivery began and did not end: it failed, or its future was dropped.
+    unfinished: bool,
 }
 
 impl std::fmt::Debug for CdcSink {
@@ -143,6 +145,7 @@ impl CdcSink {
             tables: HashMap::new(),
             statements: HashMap::new(),
             stats: Stats::default(),
+            unfinished: false,
         };
         s.client().await?;
         Ok(s)
@@ -331,13 +334,19 @@ impl CdcSink {
 }
 
 impl AsyncSink for CdcSink {
+    /// # Cancel safety
+    /// Dropping the future drops the epoch's transaction uncommitted, which rolls it back
+    /// (unless its `COMMIT` was already sent; the marker then shows the epoch in). The next
+    /// delivery forgets the table metadata the dropped one may have changed, as after an error.
     async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
-        let r = self.apply(epoch).await;
-        if r.is_err() {
-            // The transaction rolled back: forget what it may have changed in the catalog.
+        if std::mem::replace(&mut self.unfinished, true) {
+            // The last delivery failed or was dropped, and its transaction rolled back:
+            // forget what it may have changed in the catalog.
             self.tables.clear();
             self.statements.clear();
         }
+        let r = self.apply(epoch).await;
+        self.unfinished = r.is_err();
         r
     }
 

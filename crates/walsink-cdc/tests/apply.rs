@@ -66,8 +66,8 @@ impl Target {
         }
     }
 
-    /// Applies `events` as one epoch.
-    async fn epoch(&mut self, events: &[Value]) -> Result<(), walsink::Error> {
+    /// Seals `events` as one epoch, ready to deliver.
+    fn seal(&mut self, events: &[Value]) {
         let recs: Vec<Vec<u8>> = events.iter().map(|e| e.to_string().into_bytes()).collect();
         self.wal
             .append_batch(recs.iter().map(|r| r.as_slice()))
@@ -76,6 +76,11 @@ impl Target {
         self.next_cp += 1;
         self.wal.checkpoint(cp, b"meta").unwrap();
         self.wal.checkpoint_complete(cp).unwrap();
+    }
+
+    /// Applies `events` as one epoch.
+    async fn epoch(&mut self, events: &[Value]) -> Result<(), walsink::Error> {
+        self.seal(events);
         walsink_tokio::deliver_ready(&self.wal, &mut self.sink)
             .await
             .map(|_| ())
@@ -440,6 +445,50 @@ async fn a_missing_column_fails_closed_naming_table_column_and_position() {
         .get(0);
     assert!(v);
     t.drop_schema().await;
+}
+
+/// A delivery dropped at any point (here after a growing timeout) of an epoch that adds a
+/// column inside its transaction: the next delivery succeeds at once and applies the epoch
+/// whole, the added column included.
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn a_dropped_delivery_is_applied_whole_by_the_next_one() {
+    let mut dropped = 0;
+    for k in 0..30u64 {
+        let mut t = Target::new("dropped", "&add_missing_columns=true").await;
+        let wide = json!({"after": {"id": 2, "v": "b", "n": 20, "extra": true},
+            "source": {"table": "t", "lsn": 11}, "op": "c"});
+        let mut events = vec![wide];
+        events.extend((100..400).map(|i| ev("c", 12 + i as u64, None, Some((i, "x")))));
+        t.seal(&events);
+        let cut = std::time::Duration::from_micros(200 * k);
+        let first =
+            tokio::time::timeout(cut, walsink_tokio::deliver_ready(&t.wal, &mut t.sink)).await;
+        if first.is_err() {
+            dropped += 1;
+        }
+        walsink_tokio::deliver_ready(&t.wal, &mut t.sink)
+            .await
+            .unwrap_or_else(|e| panic!("after a delivery dropped at {cut:?}: {e}"));
+        let n: i64 = t
+            .admin
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {}.t WHERE extra IS NOT NULL OR id >= 100",
+                    t.schema
+                ),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 301, "after a delivery dropped at {cut:?}");
+        t.drop_schema().await;
+    }
+    assert!(dropped >= 5, "only {dropped} deliveries were dropped");
 }
 
 #[tokio::test]

@@ -289,6 +289,10 @@ impl NatsSink {
 }
 
 impl AsyncSink for NatsSink {
+    /// # Cancel safety
+    /// Dropping the future stops the publishing; messages already sent may be stored. The
+    /// next delivery of the epoch publishes every record again under the same message ids,
+    /// and the stream drops those it holds as duplicates (within its duplicate window).
     async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
         let window = self.stream_window().await;
         let window = match window {

@@ -970,6 +970,10 @@ async fn run(
 }
 
 impl AsyncSink for RedisSink {
+    /// # Cancel safety
+    /// Dropping the future leaves at most one transaction in flight on its own task; the
+    /// connection it may still use is dropped before the next call, and the marker says
+    /// where the next delivery of the epoch resumes (nothing is applied twice).
     async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
         self.deliver_epoch(epoch).await
     }

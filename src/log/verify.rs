@@ -362,8 +362,8 @@ impl DumpState {
 
 /// Reads the records of every epoch in the valid prefix of the log, read-only, and hands each
 /// epoch to `f` with its checkpoint id (`None` for the unsealed tail) and state. Epochs whose
-/// first segments were already freed are skipped, and so are epochs whose segments a live
-/// writer frees while the dump runs.
+/// first segments were already freed are skipped, and so are epochs (and the unsealed tail)
+/// whose segments a live writer frees while the dump runs.
 ///
 /// Epochs are read in bounded chunks as `f` iterates them. A read failure (damage, or an I/O
 /// error) reaches `f` through the iterator and is also what `dump` returns, whatever `f` made
@@ -448,10 +448,12 @@ pub fn dump(
             key,
         );
         let written = f(None, DumpState::Unsealed, &tail);
-        if let Some(e) = tail.reader.take_failure() {
-            return Err(e);
+        match tail.reader.take_failure() {
+            // A live writer sealed, committed and freed the tail's segment while it was read.
+            Some(e) if vanished(&e) => {}
+            Some(e) => return Err(e),
+            None => written.map_err(|e| Error::io("write the dump", e))?,
         }
-        written.map_err(|e| Error::io("write the dump", e))?;
     }
     Ok(())
 }
@@ -550,5 +552,49 @@ mod tests {
         let st: Arc<dyn Storage> = Arc::new(st);
         let e = dump(st, |_, _, _| Ok(())).unwrap_err().to_string();
         assert!(e.contains("dump a live log"), "{e}");
+    }
+
+    #[test]
+    fn dump_skips_an_unsealed_tail_whose_segment_is_freed_while_it_is_read() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let (wal, _) = crate::WalSink::open(d.path(), crate::Options::new("live")).unwrap();
+            wal.append(b"sealed").unwrap();
+            wal.checkpoint(1, b"").unwrap();
+            wal.append(b"second").unwrap();
+            wal.checkpoint(2, b"").unwrap();
+            // Appended without a checkpoint, more than the write buffer holds, so that part
+            // of it reaches the file: the unsealed tail.
+            for _ in 0..100 {
+                wal.append(&[7u8; 4096]).unwrap();
+            }
+        }
+        let st = Arc::new(Vanishing::new(d.path(), false));
+        st.vanished.store(true, Ordering::SeqCst);
+        let (mut seen, mut tail_read) = (Vec::new(), false);
+        let storage: Arc<dyn Storage> = st.clone();
+        dump(storage, |id, _, e| {
+            if id.is_none() {
+                tail_read = true;
+                // A live writer frees the tail's segment now: its next open fails.
+                st.vanished.store(false, Ordering::SeqCst);
+            }
+            let mut n = 0;
+            for c in e.chunks() {
+                n += c
+                    .map_err(|e| std::io::Error::other(e.to_string()))?
+                    .records()
+                    .count();
+            }
+            seen.push((id, n));
+            Ok(())
+        })
+        .unwrap();
+        assert!(tail_read, "the log has an unsealed tail");
+        assert_eq!(
+            seen,
+            [(Some(1), 1), (Some(2), 1)],
+            "the tail was freed, not read"
+        );
     }
 }

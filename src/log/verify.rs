@@ -365,6 +365,10 @@ impl DumpState {
 /// first segments were already freed are skipped, and so are epochs (and the unsealed tail)
 /// whose segments a live writer frees while the dump runs.
 ///
+/// Damage to synced data is believed when two passes in a row find it at the same place (a
+/// pass can read a frame a live writer is still writing); the epochs before it are dumped,
+/// then the damage is returned.
+///
 /// Epochs are read in bounded chunks as `f` iterates them. A read failure (damage, or an I/O
 /// error) reaches `f` through the iterator and is also what `dump` returns, whatever `f` made
 /// of it.
@@ -381,11 +385,23 @@ pub fn dump(
     let (sink_id, subtask) = identity.unwrap_or_else(|| ("unknown".into(), 0));
     let sink_id: std::sync::Arc<str> = sink_id.into();
     let mut attempt = 0;
+    // Damage to synced data where the previous pass found it, if it found any: a pass that
+    // read a frame while a live writer was still writing it sees a checksum mismatch there,
+    // and a later barrier of the same writer vouching for it. Such damage is believed only
+    // when two passes in a row find it at the same place.
+    let mut seen_damage: Option<format::Position> = None;
     let scan = loop {
         attempt += 1;
         match scan::scan(storage) {
             Err(e) if attempt < LIVE_RETRIES && vanished(&e) => continue,
             Err(e) if vanished(&e) => return Err(busy("dump", e)),
+            Ok(s) if s.damage_is_durable() => {
+                let at = s.damage.as_ref().map(|(p, _)| *p);
+                if at == seen_damage || attempt >= LIVE_RETRIES {
+                    break s;
+                }
+                seen_damage = at;
+            }
             other => break other?,
         }
     };

@@ -156,7 +156,7 @@ impl HttpSink {
         }
         let client = b.build().map_err(|e| BuildError::Client(chain(&e)))?;
         let shown = cfg.to_string();
-        // One body per request in flight and one being filled, none larger than a body of
+        // One body per request in flight and one being filled; none larger than a body of
         // `max_bytes` holding one more record (a body that held one oversized record goes).
         let bodies = Arc::new(walsink::BufferPool::new(
             cfg.concurrency.max(1) + 1,
@@ -191,8 +191,8 @@ impl HttpSink {
             set: JoinSet::new(),
             limit: cfg.concurrency.max(1),
         };
-        // One body of look-ahead, so the last chunk can say that it is the last.
-        let mut held: Option<Body> = None;
+        // A body closed by `push` is never the last: the record that closed it follows. The
+        // body `finish` returns is.
         let mut chunks = AsyncChunks::new(epoch);
         while let Some(c) = chunks.next().await {
             let c = c?;
@@ -209,19 +209,12 @@ impl HttpSink {
                     ))
                 })?;
                 if let Some(body) = closed {
-                    if let Some(prev) = held.replace(body) {
-                        self.dispatch(&mut flight, &key, prev, false).await?;
-                    }
+                    self.dispatch(&mut flight, &key, body, false).await?;
                 }
             }
         }
         if let Some(body) = chunker.finish() {
-            if let Some(prev) = held.replace(body) {
-                self.dispatch(&mut flight, &key, prev, false).await?;
-            }
-        }
-        if let Some(last) = held.take() {
-            self.dispatch(&mut flight, &key, last, true).await?;
+            self.dispatch(&mut flight, &key, body, true).await?;
         }
         while let Some(done) = flight.set.join_next().await {
             self.settle(done)?;

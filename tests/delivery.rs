@@ -286,3 +286,156 @@ fn a_memory_commit_store_with_a_marker_sink_reopens_after_a_clean_restart() {
     assert_eq!(got, dedup, "an epoch was delivered twice");
     assert_eq!(got.len(), 9);
 }
+
+/// Seals checkpoint `cp` with `n` records of 1 KiB, each naming its checkpoint and index, so
+/// that an epoch is large enough to be read ahead.
+fn seal_large(wal: &WalSink, cp: u64, n: usize) -> Vec<Vec<u8>> {
+    let recs: Vec<Vec<u8>> = (0..n)
+        .map(|i| {
+            let mut r = format!("cp {cp} rec {i} ").into_bytes();
+            r.resize(1024, b'a' + (cp % 26) as u8);
+            r
+        })
+        .collect();
+    wal.append_batch(recs.iter().map(|r| r.as_slice())).unwrap();
+    wal.checkpoint(cp, b"").unwrap();
+    recs
+}
+
+/// One epoch as a sink took it: its checkpoint and records.
+type Taken = (u64, Vec<Vec<u8>>);
+
+fn read_all(e: &Epoch) -> Vec<Vec<u8>> {
+    e.records().map(|r| r.unwrap().data.to_vec()).collect()
+}
+
+fn large_opts(sink: &str) -> walsink::Options {
+    opts(sink).segment_size(1 << 20)
+}
+
+#[test]
+fn an_epoch_read_ahead_is_the_epoch_and_is_not_read_again() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, large_opts("ahead"));
+    let one = seal_large(&wal, 1, 300);
+    let two = seal_large(&wal, 2, 300);
+    wal.checkpoint_complete(2).unwrap();
+    let mut d = wal.deliverer().unwrap();
+    let walsink::Next::Deliver(p1) = d.next_step().unwrap() else {
+        panic!("epoch 1 is due")
+    };
+    let ahead = d.read_ahead(&p1).expect("epoch 2 is deliverable and large");
+    assert_eq!(ahead.checkpoint(), 2);
+    let ahead = ahead.read();
+    let e1 = d.read(&p1).unwrap();
+    assert_eq!(read_all(&e1), one);
+    d.finish(p1, &e1, Ok(())).unwrap();
+    let walsink::Next::Deliver(p2) = d.next_step().unwrap() else {
+        panic!("epoch 2 is due")
+    };
+    // Every read fails from here: epoch 2 comes only from the read ahead.
+    for nth in 0..64 {
+        sim.inject_fault(FaultOp::Read, nth, std::io::ErrorKind::Other);
+    }
+    let e2 = d
+        .read_or_take(&p2, Some(ahead))
+        .expect("the read ahead is used");
+    assert_eq!(read_all(&e2), two);
+    sim.clear_faults();
+    assert!(d.read_ahead(&p2).is_none(), "nothing after epoch 2");
+}
+
+#[test]
+fn a_read_ahead_of_another_epoch_or_a_failed_one_is_not_used() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, large_opts("ahead-other"));
+    let one = seal_large(&wal, 1, 300);
+    let two = seal_large(&wal, 2, 300);
+    seal_large(&wal, 3, 300);
+    wal.checkpoint_complete(3).unwrap();
+    let mut d = wal.deliverer().unwrap();
+    let walsink::Next::Deliver(p1) = d.next_step().unwrap() else {
+        panic!("epoch 1 is due")
+    };
+    // The read ahead of epoch 2 handed in for epoch 1 (the sink failed and epoch 1 comes
+    // again): epoch 1 is read, not epoch 2 passed off as it.
+    let of_two = d.read_ahead(&p1).unwrap().read();
+    let e1 = d.read_or_take(&p1, Some(of_two)).unwrap();
+    assert_eq!(read_all(&e1), one);
+    // A read ahead that failed is read again in its turn, and its error is not reported.
+    let ahead_of_two = d.read_ahead(&p1);
+    d.finish(p1, &e1, Ok(())).unwrap();
+    let walsink::Next::Deliver(p2) = d.next_step().unwrap() else {
+        panic!("epoch 2 is due")
+    };
+    sim.inject_fault(FaultOp::Read, 0, std::io::ErrorKind::Other);
+    let failed = ahead_of_two.unwrap().read();
+    sim.clear_faults();
+    let e2 = d.read_or_take(&p2, Some(failed)).unwrap();
+    assert_eq!(read_all(&e2), two);
+}
+
+#[test]
+fn small_epochs_are_not_read_ahead() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, opts("ahead-small"));
+    seal(&wal, 1);
+    seal(&wal, 2);
+    wal.checkpoint_complete(2).unwrap();
+    let mut d = wal.deliverer().unwrap();
+    let walsink::Next::Deliver(p1) = d.next_step().unwrap() else {
+        panic!("epoch 1 is due")
+    };
+    assert!(d.read_ahead(&p1).is_none());
+}
+
+/// The drivers read the next epoch while the sink takes one: a failure of the sink, retried,
+/// still gives every epoch whole, once, in order, on the committer thread and in
+/// `deliver_ready` alike.
+#[test]
+fn epochs_read_ahead_arrive_whole_once_and_in_order_through_failures() {
+    for threaded in [false, true] {
+        let sim = SimStorage::new();
+        let wal = open_sim(&sim, large_opts("ahead-order"));
+        let mut expected = Vec::new();
+        for cp in 1..=6 {
+            expected.push((cp, seal_large(&wal, cp, 300)));
+        }
+        wal.checkpoint_complete(6).unwrap();
+        #[derive(Clone, Default)]
+        struct Keeping {
+            got: Arc<parking_lot::Mutex<Vec<Taken>>>,
+            failures: Arc<parking_lot::Mutex<Vec<u64>>>,
+        }
+        impl Sink for Keeping {
+            fn deliver(&mut self, epoch: &Epoch) -> std::result::Result<(), SinkError> {
+                let cp = epoch.checkpoint();
+                // Epochs 2 and 5 fail twice each, after the next one was read ahead.
+                let mut f = self.failures.lock();
+                if (cp == 2 || cp == 5) && f.iter().filter(|&&c| c == cp).count() < 2 {
+                    f.push(cp);
+                    return Err(SinkError::retryable("injected failure"));
+                }
+                self.got.lock().push((cp, read_all(epoch)));
+                Ok(())
+            }
+        }
+        let sink = Keeping::default();
+        if threaded {
+            let c = wal.spawn_committer(sink.clone()).unwrap();
+            assert!(wal.wait_committed(6, Duration::from_secs(30)));
+            c.shutdown();
+        } else {
+            let mut s = sink.clone();
+            let mut tries = 0;
+            while wal.health().committed != Some(6) {
+                let _ = wal.deliver_ready(&mut s);
+                tries += 1;
+                assert!(tries < 10);
+            }
+        }
+        let got = sink.got.lock().clone();
+        assert_eq!(got, expected, "threaded: {threaded}");
+        assert_eq!(sink.failures.lock().len(), 4);
+    }
+}

@@ -22,6 +22,18 @@ pub(crate) struct EpochInfo {
     pub barrier: Position,
 }
 
+impl EpochInfo {
+    /// True when `other` is this epoch at the same place in the log, so its frames are the
+    /// same bytes: while a log is open it only grows, so no other epoch starts there.
+    pub fn same_frames(&self, other: &EpochInfo) -> bool {
+        self.id == other.id
+            && self.start == other.start
+            && self.barrier == other.barrier
+            && self.records == other.records
+            && self.bytes == other.bytes
+    }
+}
+
 /// State of a checkpoint as shown to operators.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CheckpointState {

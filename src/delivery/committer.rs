@@ -6,7 +6,7 @@
 //! mark, collect garbage. Any error stops at that epoch; it is retried with backoff and never
 //! skipped, so a later checkpoint is never committed before an earlier one.
 
-use crate::delivery::deliverer::{Deliverer, Next};
+use crate::delivery::deliverer::{Deliverer, Next, ReadAheadEpoch};
 use crate::error::{Error, Result};
 use crate::wal::Shared;
 use crate::Sink;
@@ -24,8 +24,14 @@ pub(crate) enum Step {
     Done(u64),
 }
 
-/// One step of the protocol with a blocking sink.
-pub(crate) fn step(d: &mut Deliverer, sink: &mut dyn Sink) -> Result<Step> {
+/// One step of the protocol with a blocking sink. While the sink takes an epoch, the next
+/// one (if deliverable and large enough) is read on a scoped thread into `ahead`, for the
+/// next step.
+pub(crate) fn step(
+    d: &mut Deliverer,
+    sink: &mut dyn Sink,
+    ahead: &mut Option<ReadAheadEpoch>,
+) -> Result<Step> {
     let p = match d.next_step()? {
         Next::Idle => return Ok(Step::Idle),
         Next::Committed(id) => return Ok(Step::Done(id)),
@@ -36,7 +42,7 @@ pub(crate) fn step(d: &mut Deliverer, sink: &mut dyn Sink) -> Result<Step> {
         d.skip_committed(p);
         return Ok(Step::Done(id));
     }
-    let epoch = d.read(&p)?;
+    let epoch = d.read_or_take(&p, ahead.take())?;
     let outcome = if epoch.is_empty() {
         Ok(())
     } else {
@@ -50,7 +56,18 @@ pub(crate) fn step(d: &mut Deliverer, sink: &mut dyn Sink) -> Result<Step> {
             bytes = p.bytes(),
         )
         .entered();
-        sink.deliver(&epoch)
+        match d.read_ahead(&p) {
+            Some(next) => std::thread::scope(|s| {
+                let reading = std::thread::Builder::new()
+                    .name("walsink-read-ahead".into())
+                    .spawn_scoped(s, move || next.read());
+                let outcome = sink.deliver(&epoch);
+                // A read that could not start or failed is done again in its turn.
+                *ahead = reading.ok().and_then(|h| h.join().ok());
+                outcome
+            }),
+            None => sink.deliver(&epoch),
+        }
     };
     d.finish(p, &epoch, outcome)?;
     Ok(Step::Done(id))
@@ -61,8 +78,9 @@ pub(crate) fn step(d: &mut Deliverer, sink: &mut dyn Sink) -> Result<Step> {
 pub(crate) fn deliver_ready(shared: &Arc<Shared>, sink: &mut dyn Sink) -> Result<usize> {
     let mut d = Deliverer::claim(shared)?;
     let mut n = 0;
+    let mut ahead = None;
     loop {
-        match step(&mut d, sink) {
+        match step(&mut d, sink, &mut ahead) {
             Ok(Step::Done(_)) => n += 1,
             Ok(Step::Idle) => return Ok(n),
             Err(e) => {
@@ -96,8 +114,9 @@ fn run<S: Sink>(mut d: Deliverer, mut sink: S, stop: &AtomicBool) {
     let shared = d.shared().clone();
     let mut attempt = 0u32;
     let mut rng = fastrand::Rng::new();
+    let mut ahead = None;
     while !stop.load(Ordering::Acquire) {
-        match step(&mut d, &mut sink) {
+        match step(&mut d, &mut sink, &mut ahead) {
             Ok(Step::Done(_)) => attempt = 0,
             Ok(Step::Idle) => {
                 shared.wait_for_epoch(stop, d.delivered(), Duration::from_millis(200))

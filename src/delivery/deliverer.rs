@@ -100,6 +100,40 @@ impl Pending {
     }
 }
 
+/// Epochs smaller than this are not read ahead: reading one costs less than handing the read
+/// to another thread.
+pub const READ_AHEAD_MIN_BYTES: u64 = 256 << 10;
+
+/// The read of one epoch ahead of its turn; from [`Deliverer::read_ahead`].
+#[derive(Debug)]
+pub struct ReadAhead {
+    shared: Arc<Shared>,
+    info: crate::delivery::catalog::EpochInfo,
+}
+
+impl ReadAhead {
+    /// The checkpoint id of the epoch it reads.
+    pub fn checkpoint(&self) -> u64 {
+        self.info.id
+    }
+
+    /// Reads the epoch (I/O, blocking), as [`Deliverer::read`] would.
+    pub fn read(self) -> ReadAheadEpoch {
+        let epoch = self.shared.read_epoch(&self.info);
+        ReadAheadEpoch {
+            info: self.info,
+            epoch,
+        }
+    }
+}
+
+/// An epoch read ahead of its turn, for [`Deliverer::read_or_take`].
+#[derive(Debug)]
+pub struct ReadAheadEpoch {
+    info: crate::delivery::catalog::EpochInfo,
+    epoch: Result<Epoch>,
+}
+
 /// The right to deliver one log's epochs, with the protocol as steps; from
 /// [`WalSink::deliverer`](crate::WalSink::deliverer).
 ///
@@ -163,6 +197,34 @@ impl Deliverer {
     /// whole now; a larger one is read as the sink iterates it).
     pub fn read(&self, p: &Pending) -> Result<Epoch> {
         self.shared.read_epoch(&p.info)
+    }
+
+    /// The read of the deliverable epoch after `p`, for a driver to run on another thread
+    /// while the sink takes `p` (no I/O here): the sink then does not wait for the log
+    /// between epochs. `None` when no epoch after `p` is deliverable now, or when it is too
+    /// small for the read to be worth a thread ([`READ_AHEAD_MIN_BYTES`]). Nothing is
+    /// delivered or counted through it: hand the result to [`Deliverer::read_or_take`] when
+    /// that epoch's turn comes, which uses it only if it is still the same epoch.
+    pub fn read_ahead(&self, p: &Pending) -> Option<ReadAhead> {
+        let next = self.shared.next_deliverable(Some(p.info.id))?;
+        (next.bytes >= READ_AHEAD_MIN_BYTES).then(|| ReadAhead {
+            shared: self.shared.clone(),
+            info: next,
+        })
+    }
+
+    /// [`Deliverer::read`], using `ahead` instead when it holds `p` read without error from
+    /// the same place in the log (I/O only when it does not). A read ahead that failed, or
+    /// that holds another epoch (a restore voided it, or the sink failed and the same epoch
+    /// comes again), is dropped and `p` read now, so its error, if any, is this read's.
+    pub fn read_or_take(&self, p: &Pending, ahead: Option<ReadAheadEpoch>) -> Result<Epoch> {
+        match ahead {
+            Some(a) if a.info.same_frames(&p.info) => match a.epoch {
+                Ok(e) => Ok(e),
+                Err(_) => self.read(p),
+            },
+            _ => self.read(p),
+        }
     }
 
     /// The sink's outcome for `epoch` (read for `p`). A read failure the sink met half-way

@@ -3,9 +3,11 @@
 //!
 //! walsink's side: the epochs are appended and checkpointed before the clock starts. Two
 //! times: `HttpSink::deliver` alone (iterating the records, cutting them into chunks, the
-//! POSTs), and the whole delivery loop of `deliver_ready` (also reading each epoch back
-//! from the log and one durable commit mark per epoch). The floor: the same bodies, cut beforehand by the
-//! same chunker, POSTed with a `reqwest` client built the same way, with the same headers and
+//! POSTs; in a loop of its own, without read-ahead), and the whole of
+//! `walsink_tokio::deliver_ready` over a second copy of the log (also reading each epoch back
+//! from the log, the next one while the sink takes one, and one durable commit mark per
+//! epoch).
+//! The floor: the same bodies, cut beforehand by the same chunker, POSTed with a `reqwest` client built the same way, with the same headers and
 //! the same number in flight. The server (`receiver::Mode::Null`) reads and drops each body.
 //!
 //! `cargo bench -p walsink-http --features receiver --bench http [-- ROUNDS]`
@@ -103,16 +105,19 @@ fn sink(c: &Case, url: &str) -> HttpSink {
 /// Times of one walsink round.
 struct Round {
     /// `HttpSink::deliver` alone, summed over the epochs: iterating the records, cutting
-    /// them, the POSTs. The same work as the floor plus the cut.
+    /// them, the POSTs. The same work as the floor plus the cut. Measured in a delivery loop
+    /// of its own that reads each epoch before handing it over (no read-ahead competing for
+    /// the two cores), so it is the sink's share alone.
     sink: Duration,
-    /// The whole delivery loop: the above, reading each epoch back from the log, and one
-    /// durable commit mark per epoch (`mark_every` 1, as `walsink pipe` runs).
+    /// The whole delivery, `walsink_tokio::deliver_ready` over a second copy of the log:
+    /// the POSTs, reading each epoch back from the log (the next one while the sink takes
+    /// one), and one durable commit mark per epoch (`mark_every` 1, as `walsink pipe` runs).
     total: Duration,
 }
 
-async fn through_walsink(c: &Case, sink: &mut HttpSink, round: u64) -> Round {
-    let dir = tempfile::tempdir().unwrap();
-    let (wal, _) = WalSink::open(dir.path(), Options::new(format!("bench{round}"))).unwrap();
+/// A log holding the case's epochs, sealed and completed.
+fn sealed_log(c: &Case, dir: &std::path::Path, sink_id: String) -> std::sync::Arc<WalSink> {
+    let (wal, _) = WalSink::open(dir, Options::new(sink_id)).unwrap();
     for cp in 1..=c.epochs {
         let recs: Vec<Vec<u8>> = (0..c.per_epoch)
             .map(|i| record(cp * c.per_epoch + i, c.record))
@@ -121,9 +126,13 @@ async fn through_walsink(c: &Case, sink: &mut HttpSink, round: u64) -> Round {
         wal.checkpoint(cp, b"").unwrap();
     }
     wal.checkpoint_complete(c.epochs).unwrap();
-    // The steps of `deliver_ready`, driven here so the sink's share can be timed apart.
-    // (Blocking calls are fine: this runs in `block_on` on the main thread.)
-    let t = Instant::now();
+    std::sync::Arc::new(wal)
+}
+
+async fn through_walsink(c: &Case, sink: &mut HttpSink, round: u64) -> Round {
+    let dir = tempfile::tempdir().unwrap();
+    // The sink's share: the protocol's steps driven here, one epoch at a time.
+    let wal = sealed_log(c, &dir.path().join("a"), format!("bench{round}a"));
     let mut in_sink = Duration::ZERO;
     let mut d = wal.deliverer().unwrap();
     let mut n = 0;
@@ -142,8 +151,14 @@ async fn through_walsink(c: &Case, sink: &mut HttpSink, round: u64) -> Round {
         }
     }
     d.flush().unwrap();
-    let total = t.elapsed();
+    drop(d);
     assert_eq!(n, c.epochs);
+    // The whole delivery, as a pipeline runs it.
+    let wal = sealed_log(c, &dir.path().join("b"), format!("bench{round}b"));
+    let t = Instant::now();
+    let n = walsink_tokio::deliver_ready(&wal, sink).await.unwrap();
+    let total = t.elapsed();
+    assert_eq!(n as u64, c.epochs);
     Round {
         sink: in_sink,
         total,

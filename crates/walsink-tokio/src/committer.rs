@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tracing::Instrument;
-use walsink::{Deliverer, Epoch, Next, Pending, Result, WalSink};
+use walsink::{Deliverer, Epoch, Next, Pending, ReadAheadEpoch, Result, WalSink};
 
 /// Runs `f` with the deliverer on the blocking pool and hands it back.
 async fn blocking<T: Send + 'static>(
@@ -30,8 +30,17 @@ enum Step {
     Done,
 }
 
+/// The epoch after the one being delivered, read on the blocking pool meanwhile.
+type Ahead = Option<(u64, tokio::task::JoinHandle<ReadAheadEpoch>)>;
+
 /// One step of the protocol into an async sink: the async twin of the committer thread's.
-async fn step<S: AsyncSink>(d: Deliverer, sink: &mut S) -> (Deliverer, Result<Step>) {
+/// While the sink takes an epoch, the next one (if deliverable and large enough) is read on
+/// the blocking pool into `ahead`, for the next step.
+async fn step<S: AsyncSink>(
+    d: Deliverer,
+    sink: &mut S,
+    ahead: &mut Ahead,
+) -> (Deliverer, Result<Step>) {
     let (d, next) = blocking(d, |d| d.next_step()).await;
     let p: Pending = match next {
         Err(e) => return (d, Err(e)),
@@ -50,8 +59,18 @@ async fn step<S: AsyncSink>(d: Deliverer, sink: &mut S) -> (Deliverer, Result<St
             Err(e) => return (d, Err(e.into())),
         }
     }
+    // A read ahead of this epoch is used; one of a later epoch is kept for its turn (this
+    // epoch comes again after a failure); any other is dropped (it finishes on its own).
+    let mine = match ahead.take() {
+        Some((id, h)) if id == p.checkpoint() => h.await.ok(),
+        Some((id, h)) if id > p.checkpoint() => {
+            *ahead = Some((id, h));
+            None
+        }
+        _ => None,
+    };
     let (mut d, (p, epoch)) = blocking(d, move |d| {
-        let epoch = d.read(&p);
+        let epoch = d.read_or_take(&p, mine);
         (p, epoch)
     })
     .await;
@@ -70,6 +89,12 @@ async fn step<S: AsyncSink>(d: Deliverer, sink: &mut S) -> (Deliverer, Result<St
     let outcome = if epoch.is_empty() {
         Ok(())
     } else {
+        if let Some(next) = d.read_ahead(&p) {
+            let id = next.checkpoint();
+            if ahead.as_ref().is_none_or(|(held, _)| *held != id) {
+                *ahead = Some((id, tokio::task::spawn_blocking(move || next.read())));
+            }
+        }
         sink.deliver(&epoch).instrument(span).await
     };
     let r = d.finish(p, &epoch, outcome).map(|()| Step::Done);
@@ -90,8 +115,9 @@ async fn step<S: AsyncSink>(d: Deliverer, sink: &mut S) -> (Deliverer, Result<St
 pub async fn deliver_ready<S: AsyncSink>(wal: &Arc<WalSink>, sink: &mut S) -> Result<usize> {
     let mut d = claim(wal).await?;
     let mut n = 0;
+    let mut ahead = None;
     loop {
-        let (back, r) = step(d, sink).await;
+        let (back, r) = step(d, sink, &mut ahead).await;
         d = back;
         match r {
             Ok(Step::Done) => n += 1,
@@ -192,9 +218,10 @@ async fn run<S: AsyncSink>(
     use std::sync::atomic::Ordering;
     let mut attempt = 0u32;
     let mut rng = fastrand::Rng::new();
+    let mut ahead = None;
     while !*stop.borrow() {
         busy.store(true, Ordering::Release);
-        let (back, r) = step(d, &mut sink).await;
+        let (back, r) = step(d, &mut sink, &mut ahead).await;
         busy.store(false, Ordering::Release);
         d = back;
         match r {

@@ -331,3 +331,91 @@ fn a_blocking_sink_works_inside_spawn_blocking_and_refuses_on_a_worker() {
     assert_eq!(n, 1);
     assert_eq!(*sink.records.lock(), vec![b"a".to_vec()]);
 }
+
+/// One epoch as a sink took it: its checkpoint and records.
+type Taken = (u64, Vec<Vec<u8>>);
+
+/// Fails the first two deliveries of epochs 2 and 5 (after the driver read the next epoch
+/// ahead), and keeps what it took per epoch.
+#[derive(Clone, Default)]
+struct FailTwice {
+    got: Arc<Mutex<Vec<Taken>>>,
+    failures: Arc<Mutex<Vec<u64>>>,
+}
+
+impl AsyncSink for FailTwice {
+    async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+        let cp = epoch.checkpoint();
+        {
+            let mut f = self.failures.lock();
+            if (cp == 2 || cp == 5) && f.iter().filter(|&&c| c == cp).count() < 2 {
+                f.push(cp);
+                return Err(SinkError::retryable("injected failure"));
+            }
+        }
+        let mut got = Vec::new();
+        let mut chunks = AsyncChunks::new(epoch);
+        while let Some(c) = chunks.next().await {
+            let c = c.map_err(|e| SinkError::retryable(e.to_string()))?;
+            got.extend(c.records().map(|r| r.data.to_vec()));
+        }
+        self.got.lock().push((cp, got));
+        Ok(())
+    }
+}
+
+/// The async drivers read the next epoch on the blocking pool while the sink takes one;
+/// failures, retried, still give every epoch whole, once and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epochs_read_ahead_arrive_whole_once_and_in_order_through_failures() {
+    for committer in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = WalSink::open(
+            dir.path(),
+            Options::new("ahead")
+                .segment_size(1 << 20)
+                .max_record_size(4 << 10)
+                .retry(walsink::RetryPolicy {
+                    initial: Duration::from_millis(1),
+                    max: Duration::from_millis(5),
+                }),
+        )
+        .unwrap();
+        let wal = Arc::new(wal);
+        let mut expected = Vec::new();
+        for cp in 1..=6u64 {
+            let recs: Vec<Vec<u8>> = (0..300)
+                .map(|i| {
+                    let mut r = format!("cp {cp} rec {i} ").into_bytes();
+                    r.resize(1024, b'a' + cp as u8);
+                    r
+                })
+                .collect();
+            wal.append_batch(recs.iter().map(|r| r.as_slice())).unwrap();
+            wal.checkpoint(cp, b"").unwrap();
+            expected.push((cp, recs));
+        }
+        wal.checkpoint_complete(6).unwrap();
+        let sink = FailTwice::default();
+        if committer {
+            let c = walsink_tokio::spawn_committer(&wal, sink.clone()).unwrap();
+            for _ in 0..3000 {
+                if wal.health().committed == Some(6) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            c.shutdown(Duration::from_secs(10)).await;
+        } else {
+            let mut s = sink.clone();
+            for _ in 0..10 {
+                if walsink_tokio::deliver_ready(&wal, &mut s).await.is_ok() {
+                    break;
+                }
+            }
+        }
+        assert_eq!(wal.health().committed, Some(6), "committer: {committer}");
+        assert_eq!(*sink.got.lock(), expected, "committer: {committer}");
+        assert_eq!(sink.failures.lock().len(), 4);
+    }
+}

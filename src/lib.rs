@@ -22,7 +22,7 @@ pub use delivery::committer::Committer;
 #[cfg(feature = "failpoints")]
 pub use delivery::deliverer::fail;
 pub use delivery::deliverer::{
-    Deliverer, Next, Pending, ReadAhead, ReadAheadEpoch, READ_AHEAD_MIN_BYTES,
+    Deliverer, DueMark, MarkOutcome, Next, Pending, ReadAhead, ReadAheadEpoch, READ_AHEAD_MIN_BYTES,
 };
 pub use delivery::sink::{
     Chunk, ChunkRecords, Chunks, Epoch, EpochKey, IntoChunks, Record, RecordPosition, Records, Sink,

@@ -439,3 +439,152 @@ fn epochs_read_ahead_arrive_whole_once_and_in_order_through_failures() {
         assert_eq!(sink.failures.lock().len(), 4);
     }
 }
+
+#[test]
+fn a_mark_due_before_a_large_epoch_is_handed_to_the_driver() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, large_opts("due"));
+    seal_large(&wal, 1, 300);
+    seal_large(&wal, 2, 300);
+    wal.checkpoint_complete(2).unwrap();
+    let mut d = wal.deliverer().unwrap();
+    let (walsink::Next::Deliver(p1), None) = d.next_step_deferring_mark().unwrap() else {
+        panic!("epoch 1 is due, nothing to mark")
+    };
+    let e1 = d.read(&p1).unwrap();
+    d.finish(p1, &e1, Ok(())).unwrap();
+    let syncs = sim.stats().data_syncs;
+    let (walsink::Next::Deliver(p2), Some(due)) = d.next_step_deferring_mark().unwrap() else {
+        panic!("epoch 2 is due, and the mark of epoch 1 handed over")
+    };
+    assert_eq!(due.checkpoint(), 1);
+    assert_eq!(sim.stats().data_syncs, syncs, "nothing marked yet");
+    assert_eq!(wal.health().committed, None);
+    let outcome = due.run();
+    assert_eq!(wal.health().committed, Some(1));
+    d.marked(outcome).unwrap();
+    let e2 = d.read(&p2).unwrap();
+    d.finish(p2, &e2, Ok(())).unwrap();
+    // Epoch 2 waits for its own mark, made when nothing more is due.
+    assert!(matches!(
+        d.next_step_deferring_mark().unwrap(),
+        (walsink::Next::Idle, None)
+    ));
+    assert_eq!(wal.health().committed, Some(2));
+}
+
+#[test]
+fn a_due_mark_never_reported_is_made_by_the_next_step() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, large_opts("due-dropped"));
+    seal_large(&wal, 1, 300);
+    seal_large(&wal, 2, 300);
+    wal.checkpoint_complete(2).unwrap();
+    let mut d = wal.deliverer().unwrap();
+    let (walsink::Next::Deliver(p1), _) = d.next_step_deferring_mark().unwrap() else {
+        panic!()
+    };
+    let e1 = d.read(&p1).unwrap();
+    d.finish(p1, &e1, Ok(())).unwrap();
+    let (walsink::Next::Deliver(p2), Some(due)) = d.next_step_deferring_mark().unwrap() else {
+        panic!()
+    };
+    drop(due);
+    // The sink fails epoch 2: the next step marks epoch 1 itself, and offers epoch 2 again.
+    let e2 = d.read(&p2).unwrap();
+    assert!(d
+        .finish(p2, &e2, Err(SinkError::retryable("down")))
+        .is_err());
+    let (walsink::Next::Deliver(again), due) = d.next_step_deferring_mark().unwrap() else {
+        panic!("epoch 2 again")
+    };
+    assert_eq!(again.checkpoint(), 2);
+    if let Some(due) = due {
+        d.mark_now(due).unwrap();
+    }
+    assert_eq!(wal.health().committed, Some(1));
+    drop(d);
+    // And a deliverer dropped with a mark owed marks it when the next one flushes.
+    let mut sink = MemorySink::new();
+    wal.deliver_ready(&mut sink).unwrap();
+    assert_eq!(wal.health().committed, Some(2));
+}
+
+/// Kills the process at every mutating operation of a delivery of large epochs, where marks
+/// run beside the sink: after the crash, nothing marked is lost or sent again, and the rest
+/// arrives whole and in order.
+#[test]
+fn marks_made_beside_the_sink_survive_a_kill_at_every_operation() {
+    let mut kills = 0;
+    for n in 0.. {
+        let sim = SimStorage::new();
+        let wal = open_sim(&sim, large_opts("kill-marks"));
+        let mut expected = Vec::new();
+        for cp in 1..=5 {
+            expected.push((cp, seal_large(&wal, cp, 300)));
+        }
+        wal.checkpoint_complete(5).unwrap();
+        // The first sink also fails once, at an epoch that varies with the kill point, while
+        // the mark of the epochs before it is being made.
+        let first = KeepAll {
+            fail_at: Some(2 + n % 4),
+            ..KeepAll::default()
+        };
+        sim.kill_after(n);
+        let mut r = wal.deliver_ready(&mut first.clone());
+        if r.is_err() && !sim.is_dead() {
+            r = wal.deliver_ready(&mut first.clone());
+        }
+        let killed = sim.is_dead();
+        drop(wal);
+        if !killed {
+            r.unwrap();
+            assert_eq!(*first.got.lock(), expected);
+            break;
+        }
+        kills += 1;
+        sim.crash(CrashOptions::power_loss(n));
+        let (wal, report) =
+            WalSink::open_with_storage(Arc::new(sim.clone()), large_opts("kill-marks")).unwrap();
+        let committed = report.committed.unwrap_or(0);
+        let got = first.got.lock().clone();
+        // What was taken before the kill: a prefix, in order, each epoch whole.
+        assert_eq!(got, expected[..got.len()], "kill at op {n}");
+        // A mark covers only what the sink took.
+        assert!(
+            committed as usize <= got.len(),
+            "kill at op {n}: mark {committed}, delivered {}",
+            got.len()
+        );
+        wal.checkpoint_complete(5).unwrap();
+        let second = KeepAll::default();
+        wal.deliver_ready(&mut second.clone()).unwrap();
+        // Everything above the mark, nothing at or below it.
+        assert_eq!(
+            *second.got.lock(),
+            expected[committed as usize..],
+            "kill at op {n}, mark {committed}"
+        );
+        assert!(n < 500, "the delivery never finished");
+    }
+    eprintln!("{kills} kills");
+    assert!(kills > 10, "{kills}");
+}
+
+/// Keeps what it takes; fails the first delivery of `fail_at`.
+#[derive(Clone, Default)]
+struct KeepAll {
+    got: Arc<parking_lot::Mutex<Vec<Taken>>>,
+    fail_at: Option<u64>,
+    failed: Arc<AtomicBool>,
+}
+
+impl Sink for KeepAll {
+    fn deliver(&mut self, epoch: &Epoch) -> std::result::Result<(), SinkError> {
+        if self.fail_at == Some(epoch.checkpoint()) && !self.failed.swap(true, Ordering::SeqCst) {
+            return Err(SinkError::retryable("injected failure"));
+        }
+        self.got.lock().push((epoch.checkpoint(), read_all(epoch)));
+        Ok(())
+    }
+}

@@ -6,7 +6,7 @@
 //! mark, collect garbage. Any error stops at that epoch; it is retried with backoff and never
 //! skipped, so a later checkpoint is never committed before an earlier one.
 
-use crate::delivery::deliverer::{Deliverer, Next, ReadAheadEpoch};
+use crate::delivery::deliverer::{Deliverer, DueMark, Next, ReadAheadEpoch};
 use crate::error::{Error, Result};
 use crate::wal::Shared;
 use crate::Sink;
@@ -24,52 +24,91 @@ pub(crate) enum Step {
     Done(u64),
 }
 
-/// One step of the protocol with a blocking sink. While the sink takes an epoch, the next
-/// one (if deliverable and large enough) is read on a scoped thread into `ahead`, for the
-/// next step.
+/// One step of the protocol with a blocking sink. While the sink takes a large epoch, the
+/// mark due for the epochs before it is made, and the next epoch (if deliverable and large
+/// enough) is read into `ahead` for the next step, each on a scoped thread.
 pub(crate) fn step(
     d: &mut Deliverer,
     sink: &mut dyn Sink,
     ahead: &mut Option<ReadAheadEpoch>,
 ) -> Result<Step> {
-    let p = match d.next_step()? {
-        Next::Idle => return Ok(Step::Idle),
-        Next::Committed(id) => return Ok(Step::Done(id)),
-        Next::Deliver(p) => p,
+    let (p, due) = match d.next_step_deferring_mark()? {
+        (Next::Idle, _) => return Ok(Step::Idle),
+        (Next::Committed(id), _) => return Ok(Step::Done(id)),
+        (Next::Deliver(p), due) => (p, due),
     };
     let id = p.checkpoint();
-    if sink.stores_marker() && sink.is_committed(p.key())? {
-        d.skip_committed(p);
-        return Ok(Step::Done(id));
+    let settle_mark = |d: &mut Deliverer, due: Option<DueMark>| match due {
+        Some(due) => d.mark_now(due),
+        None => Ok(()),
+    };
+    if sink.stores_marker() {
+        match sink.is_committed(p.key()) {
+            Ok(true) => {
+                d.skip_committed(p);
+                settle_mark(d, due)?;
+                return Ok(Step::Done(id));
+            }
+            Ok(false) => {}
+            Err(e) => {
+                settle_mark(d, due)?;
+                return Err(e.into());
+            }
+        }
     }
-    let epoch = d.read_or_take(&p, ahead.take())?;
-    let outcome = if epoch.is_empty() {
-        Ok(())
-    } else {
-        let key = p.key();
-        let _span = tracing::info_span!(
-            "deliver",
-            sink_id = %key.sink_id,
-            subtask = key.subtask,
-            checkpoint = key.checkpoint,
-            records = p.records(),
-            bytes = p.bytes(),
-        )
-        .entered();
-        match d.read_ahead(&p) {
-            Some(next) => std::thread::scope(|s| {
-                let reading = std::thread::Builder::new()
-                    .name("walsink-read-ahead".into())
-                    .spawn_scoped(s, move || next.read());
-                let outcome = sink.deliver(&epoch);
-                // A read that could not start or failed is done again in its turn.
-                *ahead = reading.ok().and_then(|h| h.join().ok());
-                outcome
-            }),
-            None => sink.deliver(&epoch),
+    let epoch = match d.read_or_take(&p, ahead.take()) {
+        Ok(e) => e,
+        Err(e) => {
+            settle_mark(d, due)?;
+            return Err(e);
         }
     };
+    if epoch.is_empty() {
+        settle_mark(d, due)?;
+        d.finish(p, &epoch, Ok(()))?;
+        return Ok(Step::Done(id));
+    }
+    let key = p.key();
+    let _span = tracing::info_span!(
+        "deliver",
+        sink_id = %key.sink_id,
+        subtask = key.subtask,
+        checkpoint = key.checkpoint,
+        records = p.records(),
+        bytes = p.bytes(),
+    )
+    .entered();
+    let next = d.read_ahead(&p);
+    let (outcome, marked) = if next.is_none() && due.is_none() {
+        (sink.deliver(&epoch), None)
+    } else {
+        std::thread::scope(|s| {
+            let reading = next.and_then(|n| {
+                std::thread::Builder::new()
+                    .name("walsink-read-ahead".into())
+                    .spawn_scoped(s, move || n.read())
+                    .ok()
+            });
+            // A mark that cannot get a thread is not made now; the epochs it covers stay
+            // unmarked, as after a failed mark, and a later step marks them.
+            let marking = due.and_then(|due| {
+                std::thread::Builder::new()
+                    .name("walsink-mark".into())
+                    .spawn_scoped(s, move || due.run())
+                    .ok()
+            });
+            let outcome = sink.deliver(&epoch);
+            // A read that failed (or a thread that panicked) is done again in its turn.
+            *ahead = reading.and_then(|h| h.join().ok());
+            let marked = marking.and_then(|h| h.join().ok());
+            (outcome, marked)
+        })
+    };
+    drop(_span);
+    // The mark first: it covers only epochs before this one, whatever the sink said.
+    let mark = marked.map(|m| d.marked(m)).unwrap_or(Ok(()));
     d.finish(p, &epoch, outcome)?;
+    mark?;
     Ok(Step::Done(id))
 }
 

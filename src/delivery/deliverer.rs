@@ -165,13 +165,61 @@ impl Deliverer {
     /// [`Options::mark_every`](crate::Options::mark_every) epochs.
     pub fn next_step(&mut self) -> Result<Next> {
         let next = self.shared.next_deliverable(self.d.delivered);
-        if let Some(done) = self.d.delivered {
-            if self.d.unmarked > 0
-                && (next.is_none() || self.d.unmarked >= self.shared.mark_every())
-            {
-                self.mark(done)?;
+        if let Some(done) = self.due_mark(next.is_none()) {
+            self.mark(done)?;
+        }
+        self.step_to(next)
+    }
+
+    /// [`Deliverer::next_step`], except that a mark that is due while a large epoch
+    /// (at least [`READ_AHEAD_MIN_BYTES`]) comes next is not made here but handed back, for
+    /// the driver to run ([`DueMark::run`], I/O) while the sink takes that epoch, and to
+    /// report with [`Deliverer::marked`] before the step ends. Until then the epochs it covers
+    /// count as delivered and not marked, as after a failed mark: a later step or
+    /// [`Deliverer::flush`] marks them if it is never reported.
+    pub fn next_step_deferring_mark(&mut self) -> Result<(Next, Option<DueMark>)> {
+        let next = self.shared.next_deliverable(self.d.delivered);
+        let Some(done) = self.due_mark(next.is_none()) else {
+            return Ok((self.step_to(next)?, None));
+        };
+        if next.as_ref().is_none_or(|e| e.bytes < READ_AHEAD_MIN_BYTES) {
+            self.mark(done)?;
+            return Ok((self.step_to(next)?, None));
+        }
+        let due = DueMark {
+            shared: self.shared.clone(),
+            id: done,
+            covers: self.d.unmarked,
+        };
+        match self.step_to(next)? {
+            Next::Deliver(p) => Ok((Next::Deliver(p), Some(due))),
+            other => {
+                self.mark_now(due)?;
+                Ok((other, None))
             }
         }
+    }
+
+    /// Reports a mark from [`Deliverer::next_step_deferring_mark`] that ran: on success the
+    /// epochs it covers no longer wait for a mark; its error is returned (the epochs are
+    /// marked by a later step).
+    pub fn marked(&mut self, outcome: MarkOutcome) -> Result<()> {
+        outcome.result?;
+        self.d.unmarked = self.d.unmarked.saturating_sub(outcome.covers);
+        Ok(())
+    }
+
+    /// The checkpoint to mark now, if a mark is due: epochs were delivered and not marked,
+    /// and nothing more is deliverable (`idle`) or `mark_every` of them wait.
+    fn due_mark(&self, idle: bool) -> Option<u64> {
+        let done = self.d.delivered?;
+        (self.d.unmarked > 0 && (idle || self.d.unmarked >= self.shared.mark_every()))
+            .then_some(done)
+    }
+
+    /// The rest of a step once marking is settled: what the commit store already covers is
+    /// skipped, else `next` is due.
+    fn step_to(&mut self, next: Option<crate::delivery::catalog::EpochInfo>) -> Result<Next> {
         let sh = &*self.shared;
         let Some(e) = next else {
             return Ok(Next::Idle);
@@ -297,6 +345,52 @@ impl Deliverer {
         self.d.unmarked = 0;
         failpoint("committer::mark::after")?;
         sh.collect_garbage()
+    }
+}
+
+/// A commit mark that is due, handed to the driver by
+/// [`Deliverer::next_step_deferring_mark`] to run while the sink takes the next epoch.
+#[derive(Debug)]
+pub struct DueMark {
+    shared: Arc<Shared>,
+    id: u64,
+    covers: usize,
+}
+
+impl DueMark {
+    /// The checkpoint it marks (every checkpoint up to it is committed once it ran).
+    pub fn checkpoint(&self) -> u64 {
+        self.id
+    }
+
+    /// Marks the commit store and frees the segments no longer needed (I/O, blocking): the
+    /// work [`Deliverer::next_step`] does when it marks. Report the outcome with
+    /// [`Deliverer::marked`].
+    pub fn run(self) -> MarkOutcome {
+        let sh = &*self.shared;
+        let result = sh
+            .record_mark(self.id)
+            .and_then(|()| failpoint("committer::mark::after"))
+            .and_then(|()| sh.collect_garbage());
+        MarkOutcome {
+            covers: self.covers,
+            result,
+        }
+    }
+}
+
+/// What a [`DueMark`] did; for [`Deliverer::marked`].
+#[derive(Debug)]
+pub struct MarkOutcome {
+    covers: usize,
+    result: Result<()>,
+}
+
+impl Deliverer {
+    /// Runs a due mark now, on this thread, and reports it: for a driver that has nothing to
+    /// overlap it with (the epoch was skipped, or could not be read).
+    pub fn mark_now(&mut self, due: DueMark) -> Result<()> {
+        self.marked(due.run())
     }
 }
 

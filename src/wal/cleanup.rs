@@ -80,9 +80,13 @@ impl Shared {
                 .and_then(|r| self.storage.sync_dir().map(|_| r))
                 .map_err(|e| Error::io(format!("remove committed segment {name}"), e))?;
             let mut cat = self.cat.lock();
-            cat.segments.pop_front();
-            if recycled {
-                cat.free.push(seq);
+            // Only the deliverer frees segments, one at a time; should two passes ever meet,
+            // the segment is taken off the catalog (and kept as free) once.
+            if cat.segments.front() == Some(&seq) {
+                cat.segments.pop_front();
+                if recycled {
+                    cat.free.push(seq);
+                }
             }
         }
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tracing::Instrument;
-use walsink::{Deliverer, Epoch, Next, Pending, ReadAheadEpoch, Result, WalSink};
+use walsink::{Deliverer, DueMark, Epoch, Next, Pending, ReadAheadEpoch, Result, WalSink};
 
 /// Runs `f` with the deliverer on the blocking pool and hands it back.
 async fn blocking<T: Send + 'static>(
@@ -34,29 +34,34 @@ enum Step {
 type Ahead = Option<(u64, tokio::task::JoinHandle<ReadAheadEpoch>)>;
 
 /// One step of the protocol into an async sink: the async twin of the committer thread's.
-/// While the sink takes an epoch, the next one (if deliverable and large enough) is read on
-/// the blocking pool into `ahead`, for the next step.
+/// While the sink takes a large epoch, the mark due for the epochs before it is made, and
+/// the next epoch (if deliverable and large enough) is read into `ahead` for the next step,
+/// each on the blocking pool.
 async fn step<S: AsyncSink>(
     d: Deliverer,
     sink: &mut S,
     ahead: &mut Ahead,
 ) -> (Deliverer, Result<Step>) {
-    let (d, next) = blocking(d, |d| d.next_step()).await;
-    let p: Pending = match next {
+    let (d, next) = blocking(d, |d| d.next_step_deferring_mark()).await;
+    let (p, due): (Pending, Option<DueMark>) = match next {
         Err(e) => return (d, Err(e)),
-        Ok(Next::Idle) => return (d, Ok(Step::Idle)),
-        Ok(Next::Committed(_)) => return (d, Ok(Step::Done)),
-        Ok(Next::Deliver(p)) => p,
+        Ok((Next::Idle, _)) => return (d, Ok(Step::Idle)),
+        Ok((Next::Committed(_), _)) => return (d, Ok(Step::Done)),
+        Ok((Next::Deliver(p), due)) => (p, due),
     };
     let mut d = d;
     if sink.stores_marker() {
         match sink.is_committed(p.key()).await {
             Ok(true) => {
                 d.skip_committed(p);
-                return (d, Ok(Step::Done));
+                let (d, r) = settle_mark(d, due).await;
+                return (d, r.map(|()| Step::Done));
             }
             Ok(false) => {}
-            Err(e) => return (d, Err(e.into())),
+            Err(e) => {
+                let (d, r) = settle_mark(d, due).await;
+                return (d, r.and(Err(e.into())));
+            }
         }
     }
     // A read ahead of this epoch is used; one of a later epoch is kept for its turn (this
@@ -69,15 +74,19 @@ async fn step<S: AsyncSink>(
         }
         _ => None,
     };
-    let (mut d, (p, epoch)) = blocking(d, move |d| {
+    let (d, (p, epoch)) = blocking(d, move |d| {
         let epoch = d.read_or_take(&p, mine);
         (p, epoch)
     })
     .await;
     let epoch: Epoch = match epoch {
         Ok(e) => e,
-        Err(e) => return (d, Err(e)),
+        Err(e) => {
+            let (d, r) = settle_mark(d, due).await;
+            return (d, r.and(Err(e)));
+        }
     };
+    let mut d = d;
     let span = tracing::info_span!(
         "deliver",
         sink_id = %p.key().sink_id,
@@ -86,6 +95,7 @@ async fn step<S: AsyncSink>(
         records = p.records(),
         bytes = p.bytes(),
     );
+    let marking = due.map(|due| tokio::task::spawn_blocking(move || due.run()));
     let outcome = if epoch.is_empty() {
         Ok(())
     } else {
@@ -97,8 +107,24 @@ async fn step<S: AsyncSink>(
         }
         sink.deliver(&epoch).instrument(span).await
     };
-    let r = d.finish(p, &epoch, outcome).map(|()| Step::Done);
+    // A mark whose task failed is made by a later step, as after a failed mark.
+    let marked = match marking {
+        Some(h) => h.await.ok(),
+        None => None,
+    };
+    // The mark first: it covers only epochs before this one, whatever the sink said.
+    let mark = marked.map_or(Ok(()), |m| d.marked(m));
+    let r = d.finish(p, &epoch, outcome).and(mark).map(|()| Step::Done);
     (d, r)
+}
+
+/// Makes a due mark now on the blocking pool, for a step that delivers nothing to overlap
+/// it with.
+async fn settle_mark(d: Deliverer, due: Option<DueMark>) -> (Deliverer, Result<()>) {
+    match due {
+        Some(due) => blocking(d, move |d| d.mark_now(due)).await,
+        None => (d, Ok(())),
+    }
 }
 
 /// Delivers every deliverable epoch into `sink`, in order, on the calling task, and marks

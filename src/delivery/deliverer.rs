@@ -104,10 +104,12 @@ impl Pending {
 /// to another thread.
 pub const READ_AHEAD_MIN_BYTES: u64 = 256 << 10;
 
-/// The read of one epoch ahead of its turn; from [`Deliverer::read_ahead`].
+/// The read of one epoch ahead of its turn; from [`Deliverer::read_ahead`]. A log has at
+/// most one at a time, with the epoch it read, until that epoch is taken by
+/// [`Deliverer::read_or_take`] or dropped.
 #[derive(Debug)]
 pub struct ReadAhead {
-    shared: Arc<Shared>,
+    slot: AheadSlot,
     info: crate::delivery::catalog::EpochInfo,
 }
 
@@ -117,10 +119,13 @@ impl ReadAhead {
         self.info.id
     }
 
-    /// Reads the epoch (I/O, blocking), as [`Deliverer::read`] would.
+    /// Reads the epoch (I/O, blocking), as [`Deliverer::read`] would: an epoch within one
+    /// read chunk is read and verified whole; a larger one is read as the sink iterates it,
+    /// so reading it ahead reads nothing yet.
     pub fn read(self) -> ReadAheadEpoch {
-        let epoch = self.shared.read_epoch(&self.info);
+        let epoch = self.slot.0.read_epoch(&self.info);
         ReadAheadEpoch {
+            slot: self.slot,
             info: self.info,
             epoch,
         }
@@ -130,8 +135,33 @@ impl ReadAhead {
 /// An epoch read ahead of its turn, for [`Deliverer::read_or_take`].
 #[derive(Debug)]
 pub struct ReadAheadEpoch {
+    slot: AheadSlot,
     info: crate::delivery::catalog::EpochInfo,
     epoch: Result<Epoch>,
+}
+
+/// The log's one place for an epoch read ahead, held from [`Deliverer::read_ahead`] until
+/// the epoch is taken or dropped.
+#[derive(Debug)]
+struct AheadSlot(Arc<Shared>);
+
+impl AheadSlot {
+    fn take(shared: &Arc<Shared>) -> Option<AheadSlot> {
+        use std::sync::atomic::Ordering;
+        shared
+            .reading_ahead
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| AheadSlot(shared.clone()))
+    }
+}
+
+impl Drop for AheadSlot {
+    fn drop(&mut self) {
+        self.0
+            .reading_ahead
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// The right to deliver one log's epochs, with the protocol as steps; from
@@ -249,28 +279,35 @@ impl Deliverer {
 
     /// The read of the deliverable epoch after `p`, for a driver to run on another thread
     /// while the sink takes `p` (no I/O here): the sink then does not wait for the log
-    /// between epochs. `None` when no epoch after `p` is deliverable now, or when it is too
-    /// small for the read to be worth a thread ([`READ_AHEAD_MIN_BYTES`]). Nothing is
-    /// delivered or counted through it: hand the result to [`Deliverer::read_or_take`] when
-    /// that epoch's turn comes, which uses it only if it is still the same epoch.
+    /// between epochs. `None` when no epoch after `p` is deliverable now, when it is too
+    /// small for the read to be worth a thread ([`READ_AHEAD_MIN_BYTES`]), or when an epoch
+    /// read ahead earlier still exists (one per log at a time, so drivers that give up and
+    /// start again cannot pile reads up). Nothing is delivered or counted through it: hand
+    /// the result to [`Deliverer::read_or_take`] when that epoch's turn comes, which uses it
+    /// only if it is still the same epoch of the same log.
     pub fn read_ahead(&self, p: &Pending) -> Option<ReadAhead> {
         let next = self.shared.next_deliverable(Some(p.info.id))?;
-        (next.bytes >= READ_AHEAD_MIN_BYTES).then(|| ReadAhead {
-            shared: self.shared.clone(),
+        if next.bytes < READ_AHEAD_MIN_BYTES {
+            return None;
+        }
+        Some(ReadAhead {
+            slot: AheadSlot::take(&self.shared)?,
             info: next,
         })
     }
 
     /// [`Deliverer::read`], using `ahead` instead when it holds `p` read without error from
-    /// the same place in the log (I/O only when it does not). A read ahead that failed, or
+    /// the same place in the same log (I/O only when it does not). A read ahead that failed, or
     /// that holds another epoch (a restore voided it, or the sink failed and the same epoch
     /// comes again), is dropped and `p` read now, so its error, if any, is this read's.
     pub fn read_or_take(&self, p: &Pending, ahead: Option<ReadAheadEpoch>) -> Result<Epoch> {
         match ahead {
-            Some(a) if a.info.same_frames(&p.info) => match a.epoch {
-                Ok(e) => Ok(e),
-                Err(_) => self.read(p),
-            },
+            Some(a) if Arc::ptr_eq(&a.slot.0, &self.shared) && a.info.same_frames(&p.info) => {
+                match a.epoch {
+                    Ok(e) => Ok(e),
+                    Err(_) => self.read(p),
+                }
+            }
             _ => self.read(p),
         }
     }

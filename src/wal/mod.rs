@@ -75,6 +75,9 @@ pub(crate) struct Shared {
     listeners: Mutex<Vec<Listener>>,
     /// Set while someone delivers (a committer thread or `deliver_ready`): one at a time.
     delivering: std::sync::atomic::AtomicBool,
+    /// Set while an epoch read ahead of its turn exists (being read, or read and not yet
+    /// taken or dropped): one at a time, whatever the drivers do.
+    pub(crate) reading_ahead: std::sync::atomic::AtomicBool,
     open_bytes: AtomicU64,
     /// Read buffers reused between delivered epochs.
     read_pool: Arc<crate::BufferPool>,
@@ -270,6 +273,7 @@ impl WalSink {
             delivery: Mutex::new(Default::default()),
             listeners: Mutex::new(Vec::new()),
             delivering: std::sync::atomic::AtomicBool::new(false),
+            reading_ahead: std::sync::atomic::AtomicBool::new(false),
             open_bytes: AtomicU64::new(0),
             read_pool: crate::log::reader::read_pool(),
             _lock: lock,

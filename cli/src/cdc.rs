@@ -54,7 +54,8 @@ pub struct CdcArgs {
     /// Without it the run ends once the input or the slot has nothing more.
     #[arg(long)]
     pub follow: bool,
-    /// Give up after this many failed deliveries with a permanent error in a row (exit 2).
+    /// Retry a delivery that failed with a permanent error at most this many times in a row,
+    /// then give up with exit 2 (0: give up at the first permanent failure).
     #[arg(long, default_value_t = 5)]
     pub max_retries: u32,
     /// Give up when one checkpoint keeps failing, whatever the error, for this long.

@@ -36,7 +36,7 @@ pub enum Stop {
 /// Limits on retrying a failing target.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Failed attempts with a permanent error before giving up.
+    /// Retries after a failure with a permanent error before giving up (attempts: one more).
     pub max_retries: u32,
     /// Time one epoch may keep failing, whatever the error, before giving up.
     pub deadline: Option<Duration>,

@@ -48,8 +48,9 @@ pub struct PipeArgs {
     /// pauses while it is used up. Default: no limit.
     #[arg(long, value_parser = parse_bytes)]
     pub max_backlog_bytes: Option<u64>,
-    /// Give up after this many failed deliveries with a permanent error (permission denied,
-    /// read-only, missing directory) in a row; exit 2 naming the target.
+    /// Retry a delivery that failed with a permanent error (permission denied, read-only,
+    /// missing directory) at most this many times in a row, then give up: exit 2 naming the
+    /// target (0: give up at the first permanent failure).
     #[arg(long, default_value_t = 5)]
     pub max_retries: u32,
     /// Give up when one checkpoint keeps failing, whatever the error, for this long.

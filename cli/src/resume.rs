@@ -134,14 +134,14 @@ pub fn decide(
             let meta = e.metadata.as_deref().and_then(PipeMeta::decode);
             let Some(meta) = meta.filter(|m| !m.log.is_empty()) else {
                 return Err(format!(
-                    "the sink directory {out} holds {} for sink id {sink_id:?} without a record of the log it came from (written by an earlier walsink or by another program); its checkpoint ids would collide with this log's. Use an empty sink directory, or another --sink-id",
+                    "the target {out} holds {} for sink id {sink_id:?} whose metadata does not name a log of walsink pipe or walsink cdc --input (another kind of run wrote it, such as walsink cdc --source, or an earlier walsink, or another program); its checkpoint ids would collide with this log's. Use an empty target (a new directory, key or schema), or another --sink-id",
                     e.file
                 ));
             };
             match &owner {
                 Some(o) if *o != meta.log => {
                     return Err(format!(
-                        "the sink directory {out} holds commits of several logs under sink id {sink_id:?} ({o} and {}); use an empty sink directory",
+                        "the target {out} holds commits of several logs under sink id {sink_id:?} ({o} and {}); use an empty target (a new directory, key or schema)",
                         meta.log
                     ))
                 }
@@ -155,7 +155,7 @@ pub fn decide(
                 Some(l) if l == owner => {}
                 Some(l) => {
                     return Err(format!(
-                        "the sink directory {out} already holds checkpoints {first}..={last} of sink id {sink_id:?} from another log (log id {owner}); this log ({wal}, log id {l}) numbers its checkpoints the same way, so they would be skipped as already delivered. Use an empty sink directory for this log, or give it its own --sink-id"
+                        "the target {out} already holds checkpoints {first}..={last} of sink id {sink_id:?} from another log (log id {owner}); this log ({wal}, log id {l}) numbers its checkpoints the same way, so they would be skipped as already delivered. Use an empty target (a new directory, key or schema) for this log, or give it its own --sink-id"
                     ))
                 }
                 // The log lost the metadata of its checkpoints (repair --force dropped them)
@@ -167,7 +167,7 @@ pub fn decide(
                 }
                 None => {
                     return Err(format!(
-                        "the sink directory {out} already holds checkpoints {first}..={last} of sink id {sink_id:?} from log {owner}, and the log {wal} holds no checkpoint (it is new: was the old log deleted to start over?); its checkpoints would be skipped as already delivered. Use an empty sink directory for a new log, or another --sink-id"
+                        "the target {out} already holds checkpoints {first}..={last} of sink id {sink_id:?} from log {owner}, and the log {wal} holds no checkpoint (it is new: was the old log deleted to start over?); its checkpoints would be skipped as already delivered. Use an empty target (a new directory, key or schema) for a new log, or another --sink-id"
                     ))
                 }
             }

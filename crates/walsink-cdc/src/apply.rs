@@ -534,13 +534,29 @@ async fn load_meta(
 const UPSERT: u8 = 0;
 const DELETE: u8 = 1;
 
-/// The rows of a statement that reads them from JSON: `[{"p": rank, "r": image}, …]`.
-fn payload(rows: Vec<crate::plan::Change>) -> Value {
+/// The rows of a statement that reads them from JSON: `[{"p": rank, "r": image}, …]`, the
+/// value of a `json` or `jsonb` column as its JSON text (a string), which the statement reads
+/// with `->>` and casts: so JSON `null` stays `null`, where `jsonb_populate_record` would make
+/// it SQL `NULL`.
+fn payload(target: &Target, rows: Vec<crate::plan::Change>) -> Value {
     Value::Array(
         rows.into_iter()
-            .map(|c| json!({"p": c.rank, "r": Value::Object(c.row)}))
+            .map(|c| {
+                let mut row = c.row;
+                for (col, v) in row.iter_mut() {
+                    if target.kinds.get(col).is_some_and(ColumnKind::is_json) {
+                        *v = crate::columns::json_text(v).map_or(Value::Null, Value::String);
+                    }
+                }
+                json!({"p": c.rank, "r": Value::Object(row)})
+            })
             .collect(),
     )
+}
+
+/// `s` as an SQL string literal.
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
 }
 
 /// Whether every column of `columns` can be sent as a typed array (see [`ColumnKind`]).
@@ -607,8 +623,19 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
              WHERE u._ws_rank {above}"
         )
     } else {
+        // `json` and `jsonb` columns from their JSON text (see `payload`), the rest as
+        // `jsonb_populate_record` makes them.
+        let picks: String = sent
+            .iter()
+            .map(|c| match &target.kinds.get(c) {
+                Some(ColumnKind::Json(ty)) => {
+                    format!("(e->'r'->>{})::jsonb::{ty} AS {}, ", literal(c), ident(c))
+                }
+                _ => format!("r.{}, ", ident(c)),
+            })
+            .collect();
         format!(
-            "SELECT r.*, (e->>'p')::bigint AS _ws_rank \
+            "SELECT {picks}(e->>'p')::bigint AS _ws_rank \
              FROM jsonb_array_elements($1::jsonb) e, LATERAL jsonb_populate_record(NULL::{t}, e->'r') r \
              WHERE (e->>'p')::bigint {above}"
         )
@@ -735,7 +762,7 @@ async fn send(
         );
         tx.execute(&st, &params).await
     } else {
-        tx.execute(&st, &[&payload(rows), table]).await
+        tx.execute(&st, &[&payload(target, rows), table]).await
     };
     r.map_err(|e| classify(e, &ctx))?;
     Ok(())

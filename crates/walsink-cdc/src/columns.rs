@@ -4,12 +4,17 @@
 //! The rule is the one `jsonb_populate_record` follows, so both paths write the same values:
 //! a JSON string gives its contents, any other JSON value the text `jsonb` writes for it
 //! ([`jsonb_text`]: numbers as `numeric` writes them, `1e3` as `1000`, keys sorted as `jsonb`
-//! sorts them), and `null` gives SQL `NULL`; a `json` or `jsonb` column takes the value's JSON
-//! text and the server reads it as `jsonb`. Numbers keep their literal digits from the event
+//! sorts them), and `null` gives SQL `NULL`. Numbers keep their literal digits from the event
 //! on (`serde_json`'s `arbitrary_precision`), so `1.10` and 30-digit integers arrive exact.
+//!
+//! A `json` or `jsonb` column follows Debezium instead, which sends such a column as a
+//! string holding the value's JSON text (`io.debezium.data.Json`): a string is JSON text,
+//! read by the server as `jsonb` (so `"null"` is JSON `null`, and text that is not JSON is
+//! refused), any other JSON value is taken as itself, and `null` gives SQL `NULL`.
 //! Array and composite columns are the exception: `jsonb_populate_record` turns a JSON array
 //! or object into them, which text input cannot, so a statement touching one goes through
-//! JSON instead ([`ColumnKind::ViaJson`]).
+//! JSON instead ([`ColumnKind::ViaJson`]); its `json` and `jsonb` columns are read from their
+//! JSON text there too ([`json_text`]).
 
 use serde_json::Value;
 
@@ -18,7 +23,8 @@ use serde_json::Value;
 pub(crate) enum ColumnKind {
     /// Text for the input function of the column's type, cast with `::TYPE`.
     Text(String),
-    /// A `json` or `jsonb` column: the value's JSON text, cast with `::TYPE`.
+    /// A `json` or `jsonb` column: a string is the value's JSON text, any other value is
+    /// itself; cast with `::jsonb::TYPE`.
     Json(String),
     /// An array or composite column: the statement reads its rows from JSON.
     ViaJson,
@@ -61,8 +67,24 @@ impl ColumnKind {
                 jsonb_text(other, &mut out);
                 Some(out)
             }
-            (_, Some(other)) => Some(other.to_string()),
+            (ColumnKind::Json(_), Some(v)) => json_text(v),
+            (ColumnKind::ViaJson, Some(other)) => Some(other.to_string()),
         }
+    }
+
+    /// Whether the column is a `json` or `jsonb` column.
+    pub(crate) fn is_json(&self) -> bool {
+        matches!(self, ColumnKind::Json(_))
+    }
+}
+
+/// The JSON text a `json` or `jsonb` column gets for `v`: a string is JSON text already
+/// (Debezium's encoding), any other value is written as JSON; `null` is SQL `NULL`.
+pub(crate) fn json_text(v: &Value) -> Option<String> {
+    match v {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
     }
 }
 
@@ -211,7 +233,8 @@ mod tests {
     }
 
     #[test]
-    fn values_become_what_jsonb_populate_record_would_feed_the_column() {
+    fn values_become_what_jsonb_populate_record_would_feed_the_column_and_json_columns_take_json_text(
+    ) {
         let text = ColumnKind::from_catalog("integer".into(), "N", "int4");
         assert_eq!(text.text(Some(&json!(7))), Some("7".into()));
         assert_eq!(text.text(Some(&json!("7"))), Some("7".into()));
@@ -220,7 +243,14 @@ mod tests {
         assert_eq!(text.text(Some(&Value::Null)), None);
         assert_eq!(text.text(None), None);
         let j = ColumnKind::from_catalog("jsonb".into(), "U", "jsonb");
-        assert_eq!(j.text(Some(&json!("x"))), Some("\"x\"".into()));
+        // A string is JSON text (Debezium's encoding), any other value JSON to write.
+        assert_eq!(j.text(Some(&json!("\"x\""))), Some("\"x\"".into()));
+        assert_eq!(j.text(Some(&json!("null"))), Some("null".into()));
+        assert_eq!(
+            j.text(Some(&json!({"a": [1, null]}))),
+            Some("{\"a\":[1,null]}".into())
+        );
+        assert_eq!(j.text(Some(&Value::Null)), None);
         assert_eq!(j.cast().as_deref(), Some("jsonb::jsonb"));
         let parsed: Value =
             serde_json::from_str(r#"{"bb": [1e3, -0, 1.10], "a": "x\ny\u0001"}"#).unwrap();

@@ -177,11 +177,11 @@ async fn column_types_hold_what_jsonb_populate_record_makes_of_the_image() {
     let images = [
         json!({"k": "00000000-0000-0000-0000-000000000001", "i": 9007199254740993_i64, "num": "12.5",
                "f": 1.25, "b": true, "ts": "2026-11-29T10:00:00Z", "d": "2026-11-29",
-               "j": {"a": [1, "x", null]}, "js": "a string", "dj": 7, "m": "ok",
+               "j": {"a": [1, "x", null]}, "js": "\"a string\"", "dj": 7, "m": "ok",
                "vc": "short", "by": "\\x0102", "ip": "10.0.0.1"}),
         json!({"k": "00000000-0000-0000-0000-000000000002", "i": null, "num": 3, "f": 2,
-               "b": "false", "ts": null, "d": null, "j": "text in jsonb", "js": {"o": 1},
-               "dj": [1, 2], "m": "sad", "vc": "", "by": null, "ip": null}),
+               "b": "false", "ts": null, "d": null, "j": "\"text in jsonb\"", "js": {"o": 1},
+               "dj": "null", "m": "sad", "vc": "", "by": null, "ip": null}),
     ];
     let events: Vec<Value> = images
         .iter()
@@ -189,7 +189,8 @@ async fn column_types_hold_what_jsonb_populate_record_makes_of_the_image() {
         .map(|(n, img)| w(100 + n as u64, img.clone()))
         .collect();
     t.epoch(&events).await.unwrap();
-    let cols = "k, i, num, f, b, ts, d, j, js::text, dj, m, vc, by, ip";
+    // Every column but the JSON ones holds what jsonb_populate_record makes of the image.
+    let cols = "k, i, num, f, b, ts, d, m, vc, by, ip";
     for img in &images {
         let same: bool =
             t.admin
@@ -214,6 +215,37 @@ async fn column_types_hold_what_jsonb_populate_record_makes_of_the_image() {
             "the row for {img} differs from jsonb_populate_record's"
         );
     }
+    // A json or jsonb column takes a string as JSON text, as Debezium sends it (so "null" is
+    // JSON null, not SQL NULL), and any other value as itself.
+    let json_cols = t
+        .admin
+        .query(
+            &format!("SELECT j::text, js::text, dj::text, dj IS NULL FROM {s}.w ORDER BY k"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(String, String, String, bool)> = json_cols
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "{\"a\": [1, \"x\", null]}".to_string(),
+                "\"a string\"".to_string(),
+                "7".to_string(),
+                false
+            ),
+            (
+                "\"text in jsonb\"".to_string(),
+                "{\"o\": 1}".to_string(),
+                "null".to_string(),
+                false
+            ),
+        ]
+    );
     // A table with an array column goes through JSON, and gets the same.
     let a = json!({"before": null, "after": {"id": 1, "tags": ["x", "y z"], "j": {"k": 1}}, "op": "c",
                    "ts_ms": 0, "source": {"db": "src", "schema": "public", "table": "a", "lsn": 200}});
@@ -231,6 +263,36 @@ async fn column_types_hold_what_jsonb_populate_record_makes_of_the_image() {
         (tags, j.as_str()),
         (vec!["x".to_string(), "y z".to_string()], "{\"k\": 1}")
     );
+    // There too: JSON text in a string, JSON null apart from SQL NULL.
+    let more = [
+        (2, json!("[1, \"two\"]")),
+        (3, json!("null")),
+        (4, Value::Null),
+    ]
+    .into_iter()
+    .map(|(id, j)| {
+        json!({"before": null, "after": {"id": id, "tags": [], "j": j}, "op": "c", "ts_ms": 0,
+                   "source": {"db": "src", "schema": "public", "table": "a", "lsn": 200 + id}})
+    })
+    .collect::<Vec<_>>();
+    t.epoch(&more).await.unwrap();
+    let rows = t
+        .admin
+        .query(
+            &format!("SELECT id, j::text FROM {s}.a WHERE id > 1 ORDER BY id"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: Vec<(i32, Option<String>)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        got,
+        vec![
+            (2, Some("[1, \"two\"]".to_string())),
+            (3, Some("null".to_string())),
+            (4, None)
+        ]
+    );
     // Deletes by a uuid key find the rows the typed upserts wrote.
     let del = json!({"before": {"k": "00000000-0000-0000-0000-000000000001"}, "after": null, "op": "d",
                      "ts_ms": 0, "source": {"db": "src", "schema": "public", "table": "w", "lsn": 300}});
@@ -242,6 +304,13 @@ async fn column_types_hold_what_jsonb_populate_record_makes_of_the_image() {
         .unwrap()
         .get(0);
     assert_eq!(n, 1);
+    // Text that is not JSON, for a jsonb column: refused (the epoch stays in the log).
+    let bad = w(
+        400,
+        json!({"k": "00000000-0000-0000-0000-000000000003", "j": "not json"}),
+    );
+    let e = t.epoch(&[bad]).await.unwrap_err();
+    assert!(e.to_string().contains("json"), "{e}");
     t.drop_schema().await;
 }
 

@@ -107,14 +107,18 @@ async fn step<S: AsyncSink>(
         }
         sink.deliver(&epoch).instrument(span).await
     };
-    // A mark whose task failed is made by a later step, as after a failed mark.
+    // The sink's outcome is recorded before anything else is awaited: dropped while the mark
+    // is still being made, the step must not leave an epoch the sink took uncounted (it would
+    // go to the target again without a crash).
+    let finished = d.finish(p, &epoch, outcome);
+    // A mark whose task failed is made by a later step, as after a failed mark; one still
+    // running when this future is dropped finishes on its own, and a later step marks again.
     let marked = match marking {
         Some(h) => h.await.ok(),
         None => None,
     };
-    // The mark first: it covers only epochs before this one, whatever the sink said.
     let mark = marked.map_or(Ok(()), |m| d.marked(m));
-    let r = d.finish(p, &epoch, outcome).and(mark).map(|()| Step::Done);
+    let r = finished.and(mark).map(|()| Step::Done);
     (d, r)
 }
 

@@ -419,3 +419,106 @@ async fn epochs_read_ahead_arrive_whole_once_and_in_order_through_failures() {
         assert_eq!(sink.failures.lock().len(), 4);
     }
 }
+
+/// Keeps the checkpoint of every epoch it takes; never fails.
+#[derive(Clone, Default)]
+struct Taking {
+    got: Arc<Mutex<Vec<u64>>>,
+}
+
+impl AsyncSink for Taking {
+    async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+        self.got.lock().push(epoch.checkpoint());
+        Ok(())
+    }
+}
+
+/// The filesystem, except that directory syncs wait while `hold` is set (bounded), so a
+/// commit mark made beside the sink is still running when the sink is done.
+#[derive(Debug)]
+struct SlowMarks {
+    fs: walsink::storage::FsStorage,
+    hold: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl walsink::storage::Storage for SlowMarks {
+    fn list(&self) -> std::io::Result<Vec<String>> {
+        self.fs.list()
+    }
+    fn open(&self, name: &str) -> std::io::Result<Arc<dyn walsink::storage::StorageFile>> {
+        self.fs.open(name)
+    }
+    fn create(&self, name: &str) -> std::io::Result<Arc<dyn walsink::storage::StorageFile>> {
+        self.fs.create(name)
+    }
+    fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
+        self.fs.rename(from, to)
+    }
+    fn remove(&self, name: &str) -> std::io::Result<()> {
+        self.fs.remove(name)
+    }
+    fn sync_dir(&self) -> std::io::Result<()> {
+        for _ in 0..5000 {
+            if !self.hold.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.fs.sync_dir()
+    }
+    fn lock(&self, name: &str) -> std::io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
+        self.fs.lock(name)
+    }
+    fn describe(&self) -> String {
+        self.fs.describe()
+    }
+}
+
+/// A `deliver_ready` dropped after the sink took an epoch, while the mark of the epochs before
+/// it is still being made beside the sink: the epoch counts as delivered and is not sent again
+/// by the next call (only a crash may send an epoch twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_while_the_mark_beside_the_sink_runs_does_not_resend_the_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let hold = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let storage = Arc::new(SlowMarks {
+        fs: walsink::storage::FsStorage::new(dir.path()).unwrap(),
+        hold: hold.clone(),
+    });
+    let (wal, _) = WalSink::open_with_storage(
+        storage,
+        Options::new("slow-marks")
+            .segment_size(1 << 20)
+            .max_record_size(4 << 10),
+    )
+    .unwrap();
+    let wal = Arc::new(wal);
+    for cp in 1..=2u64 {
+        let recs: Vec<Vec<u8>> = (0..300).map(|i| vec![b'a' + cp as u8; 1000 + i]).collect();
+        wal.append_batch(recs.iter().map(|r| r.as_slice())).unwrap();
+        wal.checkpoint(cp, b"").unwrap();
+    }
+    wal.checkpoint_complete(2).unwrap();
+    hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sink = Taking::default();
+    let mut s = sink.clone();
+    // Epoch 1 goes, then epoch 2 while the mark of epoch 1 waits in its directory sync.
+    let r = tokio::time::timeout(
+        Duration::from_millis(500),
+        walsink_tokio::deliver_ready(&wal, &mut s),
+    )
+    .await;
+    assert!(r.is_err(), "the call was cut while the mark waited");
+    let taken = sink.got.lock().clone();
+    assert_eq!(
+        taken,
+        vec![1, 2],
+        "the sink took both epochs before the cut"
+    );
+    hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    let mut s = sink.clone();
+    walsink_tokio::deliver_ready(&wal, &mut s).await.unwrap();
+    let taken = sink.got.lock().clone();
+    assert_eq!(taken, vec![1, 2], "an epoch the sink took was sent again");
+    assert_eq!(wal.health().committed, Some(2));
+}

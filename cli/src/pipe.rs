@@ -11,7 +11,7 @@ use crate::deliver::{self, Limits, StdoutSink, Stop, Watch, Watched};
 use crate::pipe_args::{absolute, check_log_dir, is_log, parse_sink, PipeArgs, SinkSpec};
 use crate::progress::{self, plural};
 use crate::resume::{self, PipeMeta};
-use crate::source::{InputSpec, Next, Source};
+use crate::source::{InputSpec, Next, Source, SourceMark};
 use crate::{CliResult, Refused};
 use serde_json::json;
 use std::path::Path;
@@ -64,21 +64,26 @@ struct Run<'a> {
     watch: Watch,
     limits: Limits,
     target: String,
+    /// With a disk budget: the input as it stood before the line being shipped was read,
+    /// while that line waits for room. A checkpoint taken then (the budget cuts the epoch
+    /// short, or the run stops) must not count the line: the log does not hold it.
+    waiting: Option<SourceMark>,
 }
 
 impl Run<'_> {
     fn meta(&self) -> PipeMeta {
         let file = self.path.is_some();
+        let at = self.waiting.clone().unwrap_or_else(|| self.source.mark());
         PipeMeta {
             v: 2,
             log: self.log_id.clone(),
             source: if file { "file" } else { "stdin" }.into(),
             path: self.path.clone(),
-            offset: self.source.offset(),
-            hash: file.then(|| self.source.hash()),
+            offset: at.offset,
+            hash: file.then(|| at.hash()),
             size: self.source.size(),
-            lines: Some(self.source.lines()),
-            unterminated: self.source.unterminated(),
+            lines: Some(at.lines),
+            unterminated: at.unterminated,
         }
     }
 
@@ -102,15 +107,19 @@ impl Run<'_> {
 
     /// Appends one record; with a disk budget, waits (checkpointing what it has, so it can be
     /// delivered) while the budget is used up.
-    fn append(&mut self, record: &[u8]) -> CliResult<Option<Stop>> {
+    fn append(&mut self, record: &[u8], before: Option<&SourceMark>) -> CliResult<Option<Stop>> {
         loop {
             match self.wal.append(record) {
                 Ok(()) => {
+                    self.waiting = None;
                     self.since += 1;
                     self.appended += 1;
                     return Ok(None);
                 }
                 Err(e) if matches!(e.kind(), ErrorKind::BacklogFull { .. }) => {
+                    if self.waiting.is_none() {
+                        self.waiting = before.cloned();
+                    }
                     if self.since > 0 {
                         self.checkpoint()?;
                     } else if self.wal.health().backlog_bytes == 0 {
@@ -137,7 +146,10 @@ impl Run<'_> {
         let mut n = 0u64;
         let max = self.args.max_record_bytes;
         let input = self.args.input.display().to_string();
+        let budget = self.args.max_backlog_bytes.is_some();
         loop {
+            // Only a disk budget can keep a line read but not shipped (it waits for room).
+            let before = budget.then(|| self.source.mark());
             let next = self
                 .source
                 .next_line(&mut line, max)
@@ -175,7 +187,7 @@ impl Run<'_> {
                     ))
                 })?;
             }
-            if let Some(stop) = self.append(&line)? {
+            if let Some(stop) = self.append(&line, before.as_ref())? {
                 return Ok((Some(stop), 0));
             }
             n += 1;
@@ -421,6 +433,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
             deadline: Some(args.retry_deadline),
         },
         target: out_shown.clone(),
+        waiting: None,
     };
     let (mut stop, partial) = run.read_input()?;
     if stop.is_none() || stop == Some(Stop::StdoutClosed) {

@@ -95,6 +95,25 @@ pub struct Source {
     after_unterminated: bool,
 }
 
+/// What [`Source`] had consumed at one moment: offset, lines, the fingerprint's state.
+#[derive(Clone)]
+pub struct SourceMark {
+    /// Input bytes consumed.
+    pub offset: u64,
+    /// Lines consumed.
+    pub lines: u64,
+    hasher: Xxh3,
+    /// The last line consumed had no newline.
+    pub unterminated: bool,
+}
+
+impl SourceMark {
+    /// Fingerprint of the bytes before [`SourceMark::offset`].
+    pub fn hash(&self) -> String {
+        hex(self.hasher.digest())
+    }
+}
+
 /// Fingerprint of a prefix: hex of its xxh3-64.
 pub fn hex(h: u64) -> String {
     format!("{h:016x}")
@@ -203,14 +222,14 @@ impl Source {
         self.lines
     }
 
-    /// Fingerprint of the bytes before [`Source::offset`].
-    pub fn hash(&self) -> String {
-        hex(self.hasher.digest())
-    }
-
-    /// True when the last record handed out was a final line without a newline.
-    pub fn unterminated(&self) -> bool {
-        self.unterminated
+    /// Where the input stands now, to describe it after a line was read but not shipped.
+    pub fn mark(&self) -> SourceMark {
+        SourceMark {
+            offset: self.offset,
+            lines: self.lines,
+            hasher: self.hasher.clone(),
+            unterminated: self.unterminated,
+        }
     }
 
     /// Current size of the input file.
@@ -369,8 +388,8 @@ mod tests {
         s.next_line(&mut line, 100).unwrap();
         s.next_line(&mut line, 100).unwrap();
         let (resumed, prefix) = Source::open_file(&p, s.offset()).unwrap();
-        assert_eq!(prefix.hash, s.hash());
+        assert_eq!(prefix.hash, s.mark().hash());
         assert_eq!(resumed.lines(), 2);
-        assert_eq!(resumed.hash(), s.hash());
+        assert_eq!(resumed.mark().hash(), s.mark().hash());
     }
 }

@@ -38,6 +38,28 @@ pub(crate) trait Target {
 }
 
 /// The target for a `--sink` URL, or `None` when `spec` is not a URL this build knows.
+/// Runs a start-up call to a target again while it fails with a retryable error (a
+/// connection the server dropped, a restart under way), for up to 5 s with backoff, so that a
+/// blip at start does not end the run; a permanent error, or one that lasts, is returned.
+pub(crate) fn retry_at_start<T>(
+    mut f: impl FnMut() -> Result<T, walsink::SinkError>,
+) -> Result<T, walsink::SinkError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut wait = std::time::Duration::from_millis(50);
+    loop {
+        match f() {
+            Err(e)
+                if e.class() == walsink::SinkErrorClass::Retryable
+                    && std::time::Instant::now() + wait < deadline =>
+            {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(std::time::Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
 pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {
     let (scheme, _) = spec.split_once("://")?;
     #[allow(clippy::match_single_binding)]

@@ -27,7 +27,7 @@ impl Target for NatsTarget {
     fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
         let sink = NatsSink::new(self.config.clone()).map_err(|e| format!("--sink: {e}"))?;
         let mut sink = BlockingSink::new(sink)?;
-        sink.block_on(async |s| s.connect().await)
+        super::retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot use {}: {e}", self.shown()))?;
         Ok(Box::new(sink))
     }

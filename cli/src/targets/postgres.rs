@@ -34,16 +34,17 @@ impl Target for Postgres {
 
     fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
         let mut sink = BlockingSink::new(PgSink::new(self.config.clone()))?;
-        sink.block_on(async |s| s.connect().await)
+        super::retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()))?;
         Ok(Box::new(sink))
     }
 
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
         let marker = self.config.marker_table.name().plain();
-        let markers = self
-            .run(async |s| s.committed(sink_id, subtask).await)?
-            .map_err(|e| format!("cannot read what {} holds: {e}", self.shown()))?;
+        let mut sink = BlockingSink::new(PgSink::new(self.config.clone()))?;
+        let markers =
+            super::retry_at_start(|| sink.block_on(async |s| s.committed(sink_id, subtask).await))
+                .map_err(|e| format!("cannot read what {} holds: {e}", self.shown()))?;
         Ok(Some(
             markers
                 .into_iter()

@@ -31,16 +31,16 @@ impl Target for RedisTarget {
 
     fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
         let mut sink = self.sink()?;
-        sink.block_on(async |s| s.connect().await)
+        super::retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot reach {}: {e}", self.shown()))?;
         Ok(Box::new(sink))
     }
 
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
         let mut sink = self.sink()?;
-        let newest = sink
-            .block_on(async |s| s.committed(sink_id, subtask).await)
-            .map_err(|e| format!("cannot read the marker in {}: {e}", self.shown()))?;
+        let newest =
+            super::retry_at_start(|| sink.block_on(async |s| s.committed(sink_id, subtask).await))
+                .map_err(|e| format!("cannot read the marker in {}: {e}", self.shown()))?;
         Ok(Some(
             newest
                 .map(|c| CommittedEpoch {

@@ -37,6 +37,7 @@ impl Shared {
     /// directory sync after each so the remaining segments always form a contiguous run.
     /// Called only after the commit store durably covers every epoch in them.
     pub(crate) fn collect_garbage(&self) -> Result<()> {
+        let _one_pass = self.freeing.lock();
         let oldest = self.oldest_needed();
         let mut floor_raised = false;
         loop {
@@ -80,13 +81,9 @@ impl Shared {
                 .and_then(|r| self.storage.sync_dir().map(|_| r))
                 .map_err(|e| Error::io(format!("remove committed segment {name}"), e))?;
             let mut cat = self.cat.lock();
-            // Only the deliverer frees segments, one at a time; should two passes ever meet,
-            // the segment is taken off the catalog (and kept as free) once.
-            if cat.segments.front() == Some(&seq) {
-                cat.segments.pop_front();
-                if recycled {
-                    cat.free.push(seq);
-                }
+            cat.segments.pop_front();
+            if recycled {
+                cat.free.push(seq);
             }
         }
     }

@@ -78,6 +78,9 @@ pub(crate) struct Shared {
     /// Set while an epoch read ahead of its turn exists (being read, or read and not yet
     /// taken or dropped): one at a time, whatever the drivers do.
     pub(crate) reading_ahead: std::sync::atomic::AtomicBool,
+    /// Held while segments are freed: one pass at a time, also when a mark made beside the
+    /// sink outlives the deliverer that started it (a dropped async call).
+    pub(crate) freeing: Mutex<()>,
     open_bytes: AtomicU64,
     /// Read buffers reused between delivered epochs.
     read_pool: Arc<crate::BufferPool>,
@@ -274,6 +277,7 @@ impl WalSink {
             listeners: Mutex::new(Vec::new()),
             delivering: std::sync::atomic::AtomicBool::new(false),
             reading_ahead: std::sync::atomic::AtomicBool::new(false),
+            freeing: Mutex::new(()),
             open_bytes: AtomicU64::new(0),
             read_pool: crate::log::reader::read_pool(),
             _lock: lock,

@@ -503,37 +503,44 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    /// The filesystem, except that the first open of a segment fails with "No such file or
-    /// directory", as when a live writer recycles the segment between the listing and the read.
-    #[derive(Debug)]
-    struct Vanishing {
+    /// The hook of [`OnOpen`]: opens `name` through the filesystem it is given, or not.
+    type OpenHook =
+        Box<dyn Fn(&FsStorage, &str) -> std::io::Result<Arc<dyn StorageFile>> + Send + Sync>;
+
+    /// The filesystem, with `open` replaced by a hook: what a live writer does to a reader
+    /// (files that vanish, bytes read mid-write, segments recycled), simulated.
+    struct OnOpen {
         fs: FsStorage,
-        vanished: AtomicBool,
-        /// Every open of a segment fails, as under a writer that frees faster than a pass.
-        always: bool,
+        open: OpenHook,
     }
 
-    impl Vanishing {
-        fn new(dir: &std::path::Path, always: bool) -> Vanishing {
-            Vanishing {
+    impl OnOpen {
+        fn new(
+            dir: &std::path::Path,
+            open: impl Fn(&FsStorage, &str) -> std::io::Result<Arc<dyn StorageFile>>
+                + Send
+                + Sync
+                + 'static,
+        ) -> OnOpen {
+            OnOpen {
                 fs: FsStorage::new(dir).unwrap(),
-                vanished: AtomicBool::new(false),
-                always,
+                open: Box::new(open),
             }
         }
     }
 
-    impl Storage for Vanishing {
+    impl std::fmt::Debug for OnOpen {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("OnOpen").field("fs", &self.fs).finish()
+        }
+    }
+
+    impl Storage for OnOpen {
         fn list(&self) -> std::io::Result<Vec<String>> {
             self.fs.list()
         }
         fn open(&self, name: &str) -> std::io::Result<Arc<dyn StorageFile>> {
-            if name.ends_with(".wseg")
-                && (self.always || !self.vanished.swap(true, Ordering::SeqCst))
-            {
-                return Err(std::io::ErrorKind::NotFound.into());
-            }
-            self.fs.open(name)
+            (self.open)(&self.fs, name)
         }
         fn create(&self, name: &str) -> std::io::Result<Arc<dyn StorageFile>> {
             self.fs.create(name)
@@ -555,15 +562,25 @@ mod tests {
         }
     }
 
-    /// The filesystem, except that every read through the first handle opened on a segment
-    /// sees one byte of the first record flipped: a pass that read the frame while a live
-    /// writer was still writing it. Later handles read the real bytes.
-    #[derive(Debug)]
-    struct TornOnce {
-        fs: FsStorage,
-        torn: AtomicBool,
+    /// The filesystem, except that the first open of a segment (every open, with `always`, as
+    /// under a writer that frees faster than a pass) fails with "No such file or directory",
+    /// as when a live writer recycles the segment between the listing and the read. The flag
+    /// returned says that the one segment vanished already; clear it to make the next open
+    /// fail again.
+    fn vanishing(dir: &std::path::Path, always: bool) -> (OnOpen, Arc<AtomicBool>) {
+        let vanished = Arc::new(AtomicBool::new(false));
+        let flag = vanished.clone();
+        let st = OnOpen::new(dir, move |fs, name| {
+            if name.ends_with(".wseg") && (always || !flag.swap(true, Ordering::SeqCst)) {
+                return Err(std::io::ErrorKind::NotFound.into());
+            }
+            fs.open(name)
+        });
+        (st, vanished)
     }
 
+    /// A segment read while a live writer was still writing it: one byte of the first
+    /// record flipped.
     #[derive(Debug)]
     struct TornFile(Arc<dyn StorageFile>);
 
@@ -591,37 +608,6 @@ mod tests {
         }
     }
 
-    impl Storage for TornOnce {
-        fn list(&self) -> std::io::Result<Vec<String>> {
-            self.fs.list()
-        }
-        fn open(&self, name: &str) -> std::io::Result<Arc<dyn StorageFile>> {
-            let f = self.fs.open(name)?;
-            if name.ends_with(".wseg") && !self.torn.swap(true, Ordering::SeqCst) {
-                return Ok(Arc::new(TornFile(f)));
-            }
-            Ok(f)
-        }
-        fn create(&self, name: &str) -> std::io::Result<Arc<dyn StorageFile>> {
-            self.fs.create(name)
-        }
-        fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
-            self.fs.rename(from, to)
-        }
-        fn remove(&self, name: &str) -> std::io::Result<()> {
-            self.fs.remove(name)
-        }
-        fn sync_dir(&self) -> std::io::Result<()> {
-            self.fs.sync_dir()
-        }
-        fn lock(&self, name: &str) -> std::io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
-            self.fs.lock(name)
-        }
-        fn describe(&self) -> String {
-            self.fs.describe()
-        }
-    }
-
     #[test]
     fn verify_believes_damage_only_when_two_passes_find_it() {
         let d = tempfile::tempdir().unwrap();
@@ -632,13 +618,20 @@ mod tests {
                 wal.checkpoint(cp, b"").unwrap();
             }
         }
-        let torn = TornOnce {
-            fs: FsStorage::new(d.path()).unwrap(),
-            torn: AtomicBool::new(false),
-        };
-        let r = verify(&torn).unwrap();
+        // Every read through the first handle opened on a segment is torn: a pass that read
+        // the frame while the writer was still writing it. Later handles read the real bytes.
+        let torn = Arc::new(AtomicBool::new(false));
+        let seen = torn.clone();
+        let st = OnOpen::new(d.path(), move |fs, name| {
+            let f = fs.open(name)?;
+            if name.ends_with(".wseg") && !seen.swap(true, Ordering::SeqCst) {
+                return Ok(Arc::new(TornFile(f)));
+            }
+            Ok(f)
+        });
+        let r = verify(&st).unwrap();
         assert!(
-            torn.torn.load(Ordering::SeqCst),
+            torn.load(Ordering::SeqCst),
             "the first pass read torn bytes"
         );
         assert!(
@@ -663,55 +656,6 @@ mod tests {
         );
     }
 
-    /// The filesystem, except that the second open of segment 1 (the epoch read after the
-    /// scan) first moves the commit mark to `mark` (if set), as a live writer that committed
-    /// the epochs and freed their segment would, and then reads its first frame torn, as from
-    /// a recycled file holding another segment's frames.
-    #[derive(Debug)]
-    struct RecycledUnder {
-        fs: FsStorage,
-        opens: std::sync::atomic::AtomicU32,
-        mark: Option<u64>,
-    }
-
-    impl Storage for RecycledUnder {
-        fn list(&self) -> std::io::Result<Vec<String>> {
-            self.fs.list()
-        }
-        fn open(&self, name: &str) -> std::io::Result<Arc<dyn StorageFile>> {
-            let f = self.fs.open(name)?;
-            if name == format::segment_name(1) && self.opens.fetch_add(1, Ordering::SeqCst) == 1 {
-                if let Some(m) = self.mark {
-                    crate::storage::replace_file(
-                        &self.fs,
-                        layout::COMMIT_FILE,
-                        &format::encode_commit(Some(m)),
-                    )?;
-                }
-                return Ok(Arc::new(TornFile(f)));
-            }
-            Ok(f)
-        }
-        fn create(&self, name: &str) -> std::io::Result<Arc<dyn StorageFile>> {
-            self.fs.create(name)
-        }
-        fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
-            self.fs.rename(from, to)
-        }
-        fn remove(&self, name: &str) -> std::io::Result<()> {
-            self.fs.remove(name)
-        }
-        fn sync_dir(&self) -> std::io::Result<()> {
-            self.fs.sync_dir()
-        }
-        fn lock(&self, name: &str) -> std::io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
-            self.fs.lock(name)
-        }
-        fn describe(&self) -> String {
-            self.fs.describe()
-        }
-    }
-
     #[test]
     fn dump_skips_an_epoch_committed_and_recycled_while_it_is_read() {
         let d = tempfile::tempdir().unwrap();
@@ -722,12 +666,26 @@ mod tests {
                 wal.checkpoint(cp, b"").unwrap();
             }
         }
+        // The second open of segment 1 (the epoch read after the scan) first moves the commit
+        // mark to `mark` (if set), as a live writer that committed the epochs and freed their
+        // segment would, then reads its first frame torn, as from a recycled file holding
+        // another segment's frames.
         let dumped = |mark: Option<u64>| {
-            let st = RecycledUnder {
-                fs: FsStorage::new(d.path()).unwrap(),
-                opens: Default::default(),
-                mark,
-            };
+            let opens = std::sync::atomic::AtomicU32::new(0);
+            let st = OnOpen::new(d.path(), move |fs, name| {
+                let f = fs.open(name)?;
+                if name == format::segment_name(1) && opens.fetch_add(1, Ordering::SeqCst) == 1 {
+                    if let Some(m) = mark {
+                        crate::storage::replace_file(
+                            fs,
+                            layout::COMMIT_FILE,
+                            &format::encode_commit(Some(m)),
+                        )?;
+                    }
+                    return Ok(Arc::new(TornFile(f)));
+                }
+                Ok(f)
+            });
             let mut ids = Vec::new();
             let r = dump(Arc::new(st), |id, _, _| {
                 ids.push(id);
@@ -760,11 +718,11 @@ mod tests {
     fn verify_and_dump_tolerate_a_segment_that_vanishes_during_the_pass() {
         let d = tempfile::tempdir().unwrap();
         log_with_one_checkpoint(d.path());
-        let st = Vanishing::new(d.path(), false);
+        let (st, vanished) = vanishing(d.path(), false);
         let r = verify(&st).unwrap();
         assert!(r.ok, "{:?}", r.problems);
         assert_eq!(r.checkpoints.len(), 1);
-        st.vanished.store(false, Ordering::SeqCst);
+        vanished.store(false, Ordering::SeqCst);
         let mut records = 0;
         let st: Arc<dyn Storage> = Arc::new(st);
         dump(st, |_, _, e| {
@@ -779,7 +737,7 @@ mod tests {
     fn a_log_that_changes_under_every_pass_is_reported_busy_not_damaged() {
         let d = tempfile::tempdir().unwrap();
         log_with_one_checkpoint(d.path());
-        let st = Vanishing::new(d.path(), true);
+        let (st, _) = vanishing(d.path(), true);
         let e = verify(&st).unwrap_err().to_string();
         assert!(e.contains("live log") && e.contains("not damage"), "{e}");
         let st: Arc<dyn Storage> = Arc::new(st);
@@ -802,15 +760,15 @@ mod tests {
                 wal.append(&[7u8; 4096]).unwrap();
             }
         }
-        let st = Arc::new(Vanishing::new(d.path(), false));
-        st.vanished.store(true, Ordering::SeqCst);
+        let (st, vanished) = vanishing(d.path(), false);
+        vanished.store(true, Ordering::SeqCst);
         let (mut seen, mut tail_read) = (Vec::new(), false);
-        let storage: Arc<dyn Storage> = st.clone();
+        let storage: Arc<dyn Storage> = Arc::new(st);
         dump(storage, |id, _, e| {
             if id.is_none() {
                 tail_read = true;
                 // A live writer frees the tail's segment now: its next open fails.
-                st.vanished.store(false, Ordering::SeqCst);
+                vanished.store(false, Ordering::SeqCst);
             }
             let mut n = 0;
             for c in e.chunks() {

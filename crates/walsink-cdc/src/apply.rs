@@ -21,6 +21,8 @@ use crate::event::{self, BadEvent, Event, Op};
 use crate::plan::{Planner, Step, TableMeta};
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::future::Future;
+use std::task::Poll;
 use tokio_postgres::{Client, Statement, Transaction};
 use walsink::sinks::CommittedEpoch;
 use walsink::{Epoch, EpochKey, RecordPosition, SinkError};
@@ -71,6 +73,9 @@ pub struct Stats {
     pub events: u64,
     /// Statements sent for changes.
     pub sent: u64,
+    /// Of those, statements sent without the position guard, because every rank in them was
+    /// above the table's high-water (an upstream in order).
+    pub unguarded: u64,
 }
 
 /// A target table as the statements need it: the planner's view and how each column's values
@@ -113,8 +118,21 @@ impl Canon {
     }
 }
 
-/// Prepared statements by table, kind and column set.
-type Statements = HashMap<(String, u8, Vec<String>), Statement>;
+/// Prepared statements by table, kind, guard and column set.
+type Statements = HashMap<(String, u8, bool, Vec<String>), Statement>;
+
+/// A table's high-water rank in an epoch's transaction: at or above every rank its rows,
+/// its tombstones and its truncate watermark hold (see [`lock_high`]).
+#[derive(Debug, Clone, Copy)]
+struct High {
+    /// What `walsink_cdc_tables.high` held (`None`: nothing, and it was computed).
+    stored: Option<i64>,
+    /// The high-water now, raised by every step this transaction sent.
+    now: i64,
+}
+
+/// The high-water of each table this epoch touched, locked until the epoch commits.
+type Highs = HashMap<String, High>;
 
 const TOMBS: &str = "walsink_cdc_tombstones";
 /// The hidden column holding each row's rank.
@@ -184,13 +202,31 @@ impl CdcSink {
                 "CREATE SCHEMA IF NOT EXISTS {schema}; \
                  CREATE TABLE IF NOT EXISTS {schema}.{TOMBS} (tbl text COLLATE \"C\" NOT NULL, k text COLLATE \"C\" NOT NULL, pos bigint NOT NULL, \
                    PRIMARY KEY (tbl, k)); \
-                 CREATE TABLE IF NOT EXISTS {schema}.{TABLES} (tbl text PRIMARY KEY, truncated_at bigint NOT NULL);"
+                 CREATE TABLE IF NOT EXISTS {schema}.{TABLES} (tbl text PRIMARY KEY, truncated_at bigint NOT NULL, high bigint);"
             );
             // Two sinks creating the tables at once can collide in the catalog; once more
             // settles it.
             for attempt in 0..3 {
                 let r = async {
                     client.batch_execute(&ddl).await?;
+                    // Bookkeeping made before the high-water existed gains its column (the
+                    // check first: the ALTER would wait for every open epoch on the table).
+                    let tables = format!("{schema}.{TABLES}");
+                    let has_high = client
+                        .query_opt(
+                            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
+                             AND attname = 'high' AND NOT attisdropped",
+                            &[&tables],
+                        )
+                        .await?
+                        .is_some();
+                    if !has_high {
+                        client
+                            .batch_execute(&format!(
+                                "ALTER TABLE {tables} ADD COLUMN IF NOT EXISTS high bigint"
+                            ))
+                            .await?;
+                    }
                     self.marker.create(&client).await
                 }
                 .await;
@@ -289,7 +325,10 @@ impl CdcSink {
         }
         let started = std::time::Instant::now();
         let before = stats.statements;
+        let mut highs = Highs::new();
         let mut planner = Planner::new();
+        let flush_at = max_held.min(PIPELINE_HELD);
+        let mut inflight: Option<InFlight<'_>> = None;
         let mut chunks = AsyncChunks::new(epoch);
         while let Some(chunk) = chunks.next().await {
             let chunk = chunk
@@ -318,12 +357,23 @@ impl CdcSink {
                         rec.position.checkpoint, rec.position.index
                     ))
                 })?;
-                if planner.held() >= max_held {
-                    run(&tx, statements, tables, &schema, planner.drain(), stats).await?;
+                if planner.held() >= flush_at {
+                    // The flush before this one is done first (at most one in flight).
+                    wait(inflight.take(), stats).await?;
+                    let steps = planner.drain();
+                    let ready =
+                        statements_for(&tx, statements, tables, &schema, &mut highs, steps, stats)
+                            .await?;
+                    inflight = start(&tx, ready).await?;
                 }
             }
         }
-        run(&tx, statements, tables, &schema, planner.drain(), stats).await?;
+        wait(inflight, stats).await?;
+        let steps = planner.drain();
+        let ready =
+            statements_for(&tx, statements, tables, &schema, &mut highs, steps, stats).await?;
+        wait(start(&tx, ready).await?, stats).await?;
+        store_highs(&tx, &schema, &highs).await?;
         stats.planning += started.elapsed().saturating_sub(stats.statements - before);
         let committing = std::time::Instant::now();
         tx.commit().await.map_err(|e| classify(e, "commit"))?;
@@ -575,12 +625,30 @@ fn step_columns<'a>(target: &'a Target, kind: u8, columns: &'a [String]) -> &'a 
     }
 }
 
-/// The guarded statement for one kind of step, written once per table, kind and column set.
+/// Whether a statement of `kind` takes the table's name (`$2`): every guarded statement,
+/// and a delete (its tombstones); an unguarded upsert does not.
+fn takes_table(kind: u8, guarded: bool) -> bool {
+    guarded || kind == DELETE
+}
+
+/// The statement for one kind of step, written once per table, kind, guard and column set.
 ///
-/// The rows come as one array per column (`$1` the ranks, `$3…` the columns' text, cast on
-/// the server) or, when a column needs it, as one JSON array (`$1`); `$2` is the table's name
-/// in the bookkeeping tables.
-fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) -> String {
+/// The rows come as one array per column (`$1` the ranks, then the columns' text, cast on
+/// the server) or, when a column needs it, as one JSON array (`$1`); when the statement
+/// [`takes_table`], `$2` is the table's name in the bookkeeping tables and the columns
+/// follow from `$3`, otherwise from `$2`.
+///
+/// `guarded`: each row applies only if its rank is above the row's, its tombstone's and the
+/// table's watermark. Unguarded: every row applies, which gives the same result when every
+/// rank sent is above the table's high-water (see [`run`]); the delete still leaves its
+/// tombstones.
+fn statement_sql(
+    schema: &str,
+    target: &Target,
+    kind: u8,
+    guarded: bool,
+    columns: &[String],
+) -> String {
     let meta = &target.meta;
     let s = ident(schema);
     let t = format!("{s}.{}", ident(&meta.name));
@@ -600,14 +668,21 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
             .join(", ")
     };
     let key_row = canon_key("v.");
-    let above = format!(
-        "> coalesce((SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $2), -9223372036854775808)"
-    );
+    let above = |rank: &str| {
+        if guarded {
+            format!(
+                " WHERE {rank} > coalesce((SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $2), -9223372036854775808)"
+            )
+        } else {
+            String::new()
+        }
+    };
+    let first = if takes_table(kind, guarded) { 3 } else { 2 };
     let sent = step_columns(target, kind, columns);
-    // The rows above the table's watermark, with their ranks.
+    // The rows (above the table's watermark when guarded), with their ranks.
     let rows = if typed(target, sent) {
         let arrays: String = (0..sent.len())
-            .map(|i| format!(", ${}::text[]", i + 3))
+            .map(|i| format!(", ${}::text[]", i + first))
             .collect();
         let names: String = (0..sent.len()).map(|i| format!(", c{i}")).collect();
         let casts: String = sent
@@ -619,8 +694,8 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
             })
             .collect();
         format!(
-            "SELECT u._ws_rank{casts} FROM unnest($1::bigint[]{arrays}) AS u(_ws_rank{names}) \
-             WHERE u._ws_rank {above}"
+            "SELECT u._ws_rank{casts} FROM unnest($1::bigint[]{arrays}) AS u(_ws_rank{names}){}",
+            above("u._ws_rank")
         )
     } else {
         // `json` and `jsonb` columns from their JSON text (see `payload`), the rest as
@@ -636,8 +711,8 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
             .collect();
         format!(
             "SELECT {picks}(e->>'p')::bigint AS _ws_rank \
-             FROM jsonb_array_elements($1::jsonb) e, LATERAL jsonb_populate_record(NULL::{t}, e->'r') r \
-             WHERE (e->>'p')::bigint {above}"
+             FROM jsonb_array_elements($1::jsonb) e, LATERAL jsonb_populate_record(NULL::{t}, e->'r') r{}",
+            above("(e->>'p')::bigint")
         )
     };
     // One row per key, the newest: the planner keeps one event per key as the client spells
@@ -647,7 +722,13 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
     let v = format!(
         "v AS (SELECT DISTINCT ON ({w_key}) * FROM ({rows}) w ORDER BY {w_key}, w._ws_rank DESC)"
     );
-    let older = format!("(t.{POS} IS NULL OR t.{POS} < v._ws_rank)");
+    let older = |t: &str, rank: &str| {
+        if guarded {
+            format!(" AND ({t}.{POS} IS NULL OR {t}.{POS} < {rank})")
+        } else {
+            String::new()
+        }
+    };
     if kind == DELETE {
         let on = meta
             .key
@@ -658,9 +739,10 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
         // The row goes if it is older; the tombstone keeps the newest delete's rank (one that
         // lost to a newer row is below that row's rank, so it never decides anything).
         return format!(
-            "WITH {v}, d AS (DELETE FROM {t} t USING v WHERE {on} AND {older}) \
+            "WITH {v}, d AS (DELETE FROM {t} t USING v WHERE {on}{}) \
              INSERT INTO {s}.{TOMBS} AS x (tbl, k, pos) SELECT $2, ROW({key_row})::text, v._ws_rank FROM v \
-             ON CONFLICT (tbl, k) DO UPDATE SET pos = EXCLUDED.pos WHERE x.pos < EXCLUDED.pos"
+             ON CONFLICT (tbl, k) DO UPDATE SET pos = EXCLUDED.pos WHERE x.pos < EXCLUDED.pos",
+            older("t", "v._ws_rank")
         );
     }
     let mut sets: Vec<String> = columns
@@ -669,10 +751,17 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
         .map(|c| format!("{0} = EXCLUDED.{0}", ident(c)))
         .collect();
     sets.push(format!("{POS} = EXCLUDED.{POS}"));
+    let (not_dead, newer) = if guarded {
+        (
+            format!(" WHERE NOT EXISTS (SELECT 1 FROM {s}.{TOMBS} x WHERE x.tbl = $2 AND x.k = ROW({key_row})::text AND x.pos >= v._ws_rank)"),
+            format!(" WHERE t.{POS} IS NULL OR t.{POS} < EXCLUDED.{POS}"),
+        )
+    } else {
+        (String::new(), String::new())
+    };
     format!(
-        "WITH {v} INSERT INTO {t} AS t ({}, {POS}) SELECT {}, v._ws_rank FROM v \
-         WHERE NOT EXISTS (SELECT 1 FROM {s}.{TOMBS} x WHERE x.tbl = $2 AND x.k = ROW({key_row})::text AND x.pos >= v._ws_rank) \
-         ON CONFLICT ({}) DO UPDATE SET {} WHERE t.{POS} IS NULL OR t.{POS} < EXCLUDED.{POS}",
+        "WITH {v} INSERT INTO {t} AS t ({}, {POS}) SELECT {}, v._ws_rank FROM v{not_dead} \
+         ON CONFLICT ({}) DO UPDATE SET {}{newer}",
         list("", columns),
         list("v.", columns),
         list("", &meta.key),
@@ -680,91 +769,307 @@ fn statement_sql(schema: &str, target: &Target, kind: u8, columns: &[String]) ->
     )
 }
 
-/// Runs a flush's steps in order, timed into `stats.statements`.
-async fn run(
+/// The lowest rank of each run of a table's steps that no truncate of the table cuts, by the
+/// index of the run's first step.
+fn run_floors(steps: &[Step]) -> HashMap<usize, i64> {
+    let mut open: HashMap<&str, usize> = HashMap::new();
+    let mut floors: HashMap<usize, i64> = HashMap::new();
+    for (i, step) in steps.iter().enumerate() {
+        match step {
+            Step::Truncate { table, .. } => {
+                open.remove(table.as_str());
+            }
+            Step::Deletes { table, rows } | Step::Upserts { table, rows, .. } => {
+                let first = *open.entry(table.as_str()).or_insert(i);
+                let low = rows.iter().map(|c| c.rank).min().unwrap_or(i64::MAX);
+                let floor = floors.entry(first).or_insert(i64::MAX);
+                *floor = (*floor).min(low);
+            }
+        }
+    }
+    floors
+}
+
+/// Changes held before a flush is sent while the rest of the epoch is read: the server runs
+/// one flush's statements while the sink parses and plans the next.
+const PIPELINE_HELD: usize = 2048;
+
+/// A flush's statements, sent and not yet answered.
+type InFlight<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), SinkError>> + Send + 'a>>;
+
+/// One statement of a flush, ready to send: everything it needs is owned.
+struct Ready {
+    statement: Statement,
+    params: Params,
+    /// What it does, for its error.
+    context: String,
+}
+
+/// A statement's parameters (see [`statement_sql`]).
+enum Params {
+    /// The ranks, the table's name if the statement takes it, and one text array per column.
+    Typed {
+        ranks: Vec<i64>,
+        table: Option<String>,
+        arrays: Vec<Vec<Option<String>>>,
+    },
+    /// The rows as one JSON array, and the table's name if the statement takes it.
+    Json { rows: Value, table: Option<String> },
+}
+
+impl Params {
+    fn refs(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+        let mut out: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
+        match self {
+            Params::Typed {
+                ranks,
+                table,
+                arrays,
+            } => {
+                out.push(ranks);
+                if let Some(t) = table {
+                    out.push(t);
+                }
+                out.extend(
+                    arrays
+                        .iter()
+                        .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync)),
+                );
+            }
+            Params::Json { rows, table } => {
+                out.push(rows);
+                if let Some(t) = table {
+                    out.push(t);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Turns a flush's steps into statements ready to send, in order (each run of a table's steps
+/// goes unguarded when every rank in it is above the table's high-water, see below). What
+/// must happen first happens here: the table's bookkeeping row is locked, a statement not yet
+/// prepared is prepared, and a truncate runs (after the statements before it).
+///
+/// Why a run above the high-water needs no guard: the guard could refuse nothing, because the
+/// steps of one flush touch each key at most once (see [`crate::plan`]), so what each row is
+/// compared with is what the table held before the run. That is every flush of an upstream
+/// that sends its changes in order; a replay, or a run that reaches back, goes guarded.
+async fn statements_for(
     tx: &Transaction<'_>,
     statements: &mut Statements,
     tables: &HashMap<String, Target>,
     schema: &str,
+    highs: &mut Highs,
     steps: Vec<Step>,
     stats: &mut Stats,
-) -> Result<(), SinkError> {
+) -> Result<Vec<Ready>, SinkError> {
     let started = std::time::Instant::now();
+    let floors = run_floors(&steps);
     let r = async {
-        for step in steps {
-            stats.sent += 1;
-            match step {
-                Step::Truncate { table, rank, at } => {
-                    truncate(tx, schema, &tables[&table].meta, rank, at).await?
-                }
-                Step::Deletes { table, rows } | Step::Upserts { table, rows, .. }
-                    if rows.is_empty() =>
-                {
-                    let _ = table;
-                }
-                Step::Deletes { table, rows } => {
-                    let target = &tables[&table];
-                    send(tx, statements, schema, target, DELETE, &[], rows).await?;
-                }
-                Step::Upserts {
-                    table,
-                    columns,
-                    rows,
-                } => {
-                    let target = &tables[&table];
-                    send(tx, statements, schema, target, UPSERT, &columns, rows).await?;
-                }
+        let mut ready = Vec::new();
+        // The guard of each table's current run.
+        let mut guarded: HashMap<String, bool> = HashMap::new();
+        for (i, step) in steps.into_iter().enumerate() {
+            let table = match &step {
+                Step::Truncate { table, .. }
+                | Step::Deletes { table, .. }
+                | Step::Upserts { table, .. } => table.clone(),
+            };
+            if !highs.contains_key(&table) {
+                let h = lock_high(tx, schema, &tables[&table].meta).await?;
+                highs.insert(table.clone(), h);
             }
+            let high = highs.get_mut(&table).expect("inserted above");
+            if let Some(floor) = floors.get(&i) {
+                guarded.insert(table.clone(), *floor <= high.now);
+            }
+            let (kind, columns, rows) = match step {
+                Step::Truncate { table, rank, at } => {
+                    stats.sent += 1;
+                    send_all(tx, std::mem::take(&mut ready)).await?;
+                    truncate(tx, schema, &tables[&table].meta, rank, at).await?;
+                    high.now = high.now.max(rank);
+                    continue;
+                }
+                Step::Deletes { rows, .. } | Step::Upserts { rows, .. } if rows.is_empty() => {
+                    continue
+                }
+                Step::Deletes { rows, .. } => (DELETE, Vec::new(), rows),
+                Step::Upserts { columns, rows, .. } => (UPSERT, columns, rows),
+            };
+            stats.sent += 1;
+            let guarded = guarded[&table];
+            stats.unguarded += u64::from(!guarded);
+            high.now = high
+                .now
+                .max(rows.iter().map(|c| c.rank).max().unwrap_or(i64::MIN));
+            let target = &tables[&table];
+            let statement =
+                prepare(tx, statements, schema, target, kind, guarded, &columns).await?;
+            ready.push(build(
+                target, kind, guarded, &columns, rows, statement, schema,
+            ));
         }
-        Ok::<(), SinkError>(())
+        Ok::<_, SinkError>(ready)
     }
     .await;
     stats.statements += started.elapsed();
     r
 }
 
-/// Runs one step's statement with its rows.
-async fn send(
-    tx: &Transaction<'_>,
-    statements: &mut Statements,
-    schema: &str,
+/// One step's statement with its parameters.
+fn build(
     target: &Target,
     kind: u8,
+    guarded: bool,
     columns: &[String],
     rows: Vec<crate::plan::Change>,
-) -> Result<(), SinkError> {
+    statement: Statement,
+    schema: &str,
+) -> Ready {
     let what = if kind == DELETE {
         "delete from"
     } else {
         "upsert into"
     };
     let table = &target.meta.name;
-    let ctx = failed(what, schema, table, &rows);
-    let st = prepare(tx, statements, schema, target, kind, columns).await?;
+    let context = failed(what, schema, table, &rows);
     let sent = step_columns(target, kind, columns);
-    let r = if typed(target, sent) {
+    let table = takes_table(kind, guarded).then(|| table.clone());
+    let params = if typed(target, sent) {
         let ranks: Vec<i64> = rows.iter().map(|c| c.rank).collect();
-        let arrays: Vec<Vec<Option<String>>> = sent
+        let kinds: Vec<&ColumnKind> = sent.iter().map(|c| &target.kinds[c]).collect();
+        let mut arrays: Vec<Vec<Option<String>>> = sent
             .iter()
-            .map(|c| {
-                let k = &target.kinds[c];
-                rows.iter().map(|r| k.text(r.row.get(c))).collect()
-            })
+            .map(|_| Vec::with_capacity(rows.len()))
             .collect();
-        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-            Vec::with_capacity(arrays.len() + 2);
-        params.push(&ranks);
-        params.push(table);
-        params.extend(
-            arrays
-                .iter()
-                .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync)),
-        );
-        tx.execute(&st, &params).await
+        for change in rows {
+            let mut row = change.row;
+            for ((c, kind), array) in sent.iter().zip(&kinds).zip(&mut arrays) {
+                array.push(kind.text_of(row.remove(c)));
+            }
+        }
+        Params::Typed {
+            ranks,
+            table,
+            arrays,
+        }
     } else {
-        tx.execute(&st, &[&payload(target, rows), table]).await
+        Params::Json {
+            rows: payload(target, rows),
+            table,
+        }
     };
-    r.map_err(|e| classify(e, &ctx))?;
+    Ready {
+        statement,
+        params,
+        context,
+    }
+}
+
+/// Sends `ready` in one go (the connection pipelines them) and waits for every answer.
+async fn send_all(tx: &Transaction<'_>, ready: Vec<Ready>) -> Result<(), SinkError> {
+    let sends = ready.iter().map(|r| async move {
+        let params = r.params.refs();
+        tx.execute(&r.statement, &params)
+            .await
+            .map_err(|e| classify(e, &r.context))
+    });
+    futures_util::future::try_join_all(sends).await?;
+    Ok(())
+}
+
+/// Sends `ready` now and returns what is still to be answered: the first poll hands the
+/// requests to the connection, and a yield lets the connection put them on the wire before
+/// the sink goes back to parsing.
+async fn start<'a>(
+    tx: &'a Transaction<'_>,
+    ready: Vec<Ready>,
+) -> Result<Option<InFlight<'a>>, SinkError> {
+    if ready.is_empty() {
+        return Ok(None);
+    }
+    let mut f: InFlight<'a> = Box::pin(send_all(tx, ready));
+    let first = std::future::poll_fn(|cx| Poll::Ready(f.as_mut().poll(cx))).await;
+    if let Poll::Ready(r) = first {
+        r?;
+        return Ok(None);
+    }
+    tokio::task::yield_now().await;
+    Ok(Some(f))
+}
+
+/// Waits for a flush in flight, timed into `stats.statements`.
+async fn wait(f: Option<InFlight<'_>>, stats: &mut Stats) -> Result<(), SinkError> {
+    let Some(f) = f else { return Ok(()) };
+    let started = std::time::Instant::now();
+    let r = f.await;
+    stats.statements += started.elapsed();
+    r
+}
+
+/// Locks the table's row in `walsink_cdc_tables` until the epoch commits, and reads its
+/// high-water; when none is stored (a table the sink met before the high-water existed, or
+/// its first epoch), computes it from the rows, tombstones and watermark.
+///
+/// The lock keeps the high-water true when two sinks write one table: the second waits until
+/// the first commits, and then reads what the first stored.
+async fn lock_high(
+    tx: &Transaction<'_>,
+    schema: &str,
+    meta: &TableMeta,
+) -> Result<High, SinkError> {
+    let s = ident(schema);
+    let t = format!("{s}.{}", ident(&meta.name));
+    let err = |e| classify(e, &format!("lock the bookkeeping of {t}"));
+    let row = tx
+        .query_one(
+            &format!(
+                "INSERT INTO {s}.{TABLES} AS x (tbl, truncated_at) VALUES ($1, -9223372036854775808) \
+                 ON CONFLICT (tbl) DO UPDATE SET tbl = x.tbl RETURNING x.high"
+            ),
+            &[&meta.name],
+        )
+        .await
+        .map_err(err)?;
+    let stored: Option<i64> = row.get(0);
+    if let Some(high) = stored {
+        return Ok(High { stored, now: high });
+    }
+    let row = tx
+        .query_one(
+            &format!(
+                "SELECT greatest((SELECT max({POS}) FROM {t}), \
+                   (SELECT max(pos) FROM {s}.{TOMBS} WHERE tbl = $1), \
+                   (SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $1))"
+            ),
+            &[&meta.name],
+        )
+        .await
+        .map_err(err)?;
+    let computed: Option<i64> = row.get(0);
+    Ok(High {
+        stored: None,
+        now: computed.unwrap_or(i64::MIN),
+    })
+}
+
+/// Stores the high-water of every table the epoch raised, in its transaction.
+async fn store_highs(tx: &Transaction<'_>, schema: &str, highs: &Highs) -> Result<(), SinkError> {
+    let s = ident(schema);
+    for (table, high) in highs {
+        if high.stored == Some(high.now) {
+            continue;
+        }
+        tx.execute(
+            &format!("UPDATE {s}.{TABLES} SET high = $2 WHERE tbl = $1"),
+            &[table, &high.now],
+        )
+        .await
+        .map_err(|e| classify(e, &format!("store the high-water of {s}.{}", ident(table))))?;
+    }
     Ok(())
 }
 
@@ -787,14 +1092,15 @@ async fn prepare(
     schema: &str,
     target: &Target,
     kind: u8,
+    guarded: bool,
     columns: &[String],
 ) -> Result<Statement, SinkError> {
     let meta = &target.meta;
-    let key = (meta.name.clone(), kind, columns.to_vec());
+    let key = (meta.name.clone(), kind, guarded, columns.to_vec());
     if let Some(s) = statements.get(&key) {
         return Ok(s.clone());
     }
-    let sql = statement_sql(schema, target, kind, columns);
+    let sql = statement_sql(schema, target, kind, guarded, columns);
     let st = tx.prepare(&sql).await.map_err(|e| {
         classify(
             e,
@@ -894,7 +1200,7 @@ mod tests {
             kinds,
             canon: vec![Canon::AsIs],
         };
-        let up = statement_sql("r", &target, UPSERT, &["id".into(), "name".into()]);
+        let up = statement_sql("r", &target, UPSERT, true, &["id".into(), "name".into()]);
         assert!(
             up.contains("ON CONFLICT (\"id\") DO UPDATE SET \"name\" = EXCLUDED.\"name\""),
             "{up}"
@@ -905,7 +1211,7 @@ mod tests {
                 && up.contains("unnest($1::bigint[], $3::text[], $4::text[])"),
             "{up}"
         );
-        let only_key = statement_sql("r", &target, UPSERT, &["id".into()]);
+        let only_key = statement_sql("r", &target, UPSERT, true, &["id".into()]);
         assert!(
             only_key.contains("DO UPDATE SET _walsink_pos = EXCLUDED._walsink_pos WHERE"),
             "{only_key}"
@@ -915,11 +1221,11 @@ mod tests {
                 && up.contains("ORDER BY w.\"id\", w._ws_rank DESC"),
             "{up}"
         );
-        let del = statement_sql("r", &target, DELETE, &[]);
+        let del = statement_sql("r", &target, DELETE, true, &[]);
         assert!(del.contains("DELETE FROM \"r\".\"items\" t"), "{del}");
         // A numeric key is compared and kept canonical.
         target.canon = vec![Canon::TrimScale];
-        let del = statement_sql("r", &target, DELETE, &[]);
+        let del = statement_sql("r", &target, DELETE, true, &[]);
         assert!(
             del.contains("ROW(trim_scale(v.\"id\"))::text")
                 && del.contains("DISTINCT ON (trim_scale(w.\"id\"))"),
@@ -932,9 +1238,9 @@ mod tests {
             "name".into(),
             ColumnKind::from_catalog("text[]".into(), "A", "_text"),
         );
-        let up = statement_sql("r", &target, UPSERT, &["id".into(), "name".into()]);
+        let up = statement_sql("r", &target, UPSERT, true, &["id".into(), "name".into()]);
         assert!(up.contains("jsonb_populate_record"), "{up}");
-        let del = statement_sql("r", &target, DELETE, &[]);
+        let del = statement_sql("r", &target, DELETE, true, &[]);
         assert!(del.contains("unnest($1::bigint[], $3::text[])"), "{del}");
         assert_eq!(sql_type(&json!(1)), "bigint");
         assert_eq!(sql_type(&json!(u64::MAX)), "numeric");

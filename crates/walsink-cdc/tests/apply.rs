@@ -438,6 +438,145 @@ async fn an_old_delete_loses_to_a_newer_row_and_leaves_nothing_that_matters() {
     t.drop_schema().await;
 }
 
+/// Forgets the table's stored high-water, as bookkeeping written before it existed would:
+/// `NULL` in its row, or no row at all.
+async fn forget_high(t: &Target, drop_row: bool) {
+    let sql = if drop_row {
+        format!(
+            "DELETE FROM {}.walsink_cdc_tables WHERE tbl = 't'",
+            t.schema
+        )
+    } else {
+        format!(
+            "UPDATE {}.walsink_cdc_tables SET high = NULL WHERE tbl = 't'",
+            t.schema
+        )
+    };
+    t.admin.batch_execute(&sql).await.unwrap();
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn in_order_epochs_go_unguarded_and_anything_reaching_back_goes_guarded() {
+    let mut t = Target::new("high", "").await;
+    let counts = |t: &Target| {
+        let s = t.sink.stats();
+        (s.sent, s.unguarded)
+    };
+    // In order: both statements (deletes, upserts) go without the guard.
+    t.epoch(&[
+        ev("c", 10, None, Some((1, "a"))),
+        ev("c", 11, None, Some((2, "b"))),
+        ev("u", 12, Some((1, "a")), Some((1, "a2"))),
+        ev("d", 13, Some((2, "b")), None),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(counts(&t), (2, 2));
+    assert_eq!(t.rows().await, vec![row(1, "a2")]);
+    // One event at or below the high-water puts the whole run under the guard.
+    t.epoch(&[
+        ev("c", 14, None, Some((3, "c"))),
+        ev("u", 5, None, Some((1, "old"))),
+        ev("c", 13, None, Some((2, "zombie"))),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(counts(&t), (3, 2), "a run reaching back went unguarded");
+    assert_eq!(t.rows().await, vec![row(1, "a2"), row(3, "c")]);
+    t.epoch(&[ev("u", 20, None, Some((1, "x")))]).await.unwrap();
+    assert_eq!(counts(&t), (4, 3));
+    // Without a stored high-water (bookkeeping from before it, or none), it is computed from
+    // the rows, the tombstones and the watermark, so older events still change nothing.
+    forget_high(&t, false).await;
+    t.epoch(&[ev("u", 18, None, Some((1, "older than the row")))])
+        .await
+        .unwrap();
+    forget_high(&t, true).await;
+    t.epoch(&[ev("d", 19, Some((1, "x")), None)]).await.unwrap();
+    assert_eq!(t.rows().await, vec![row(1, "x"), row(3, "c")]);
+    assert_eq!(
+        counts(&t),
+        (6, 3),
+        "an unknown high-water was taken as none"
+    );
+    t.epoch(&[ev("d", 30, Some((1, "x")), None)]).await.unwrap();
+    forget_high(&t, false).await;
+    t.epoch(&[ev("c", 25, None, Some((1, "older than the delete")))])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await, vec![row(3, "c")]);
+    t.epoch(&[ev("t", 40, None, None)]).await.unwrap();
+    forget_high(&t, true).await;
+    t.admin
+        .batch_execute(&format!(
+            "INSERT INTO {}.walsink_cdc_tables (tbl, truncated_at) VALUES ('t', 40)",
+            t.schema
+        ))
+        .await
+        .unwrap();
+    t.epoch(&[ev("c", 35, None, Some((5, "older than the truncate")))])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await, vec![]);
+    let (sent, unguarded) = counts(&t);
+    t.epoch(&[ev("c", 41, None, Some((6, "f")))]).await.unwrap();
+    assert_eq!(counts(&t), (sent + 1, unguarded + 1));
+    assert_eq!(t.rows().await, vec![row(6, "f")]);
+    t.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn an_epoch_waits_for_another_writer_of_the_table_and_then_sees_its_high_water() {
+    let mut t = Target::new("highlock", "").await;
+    t.epoch(&[ev("c", 10, None, Some((1, "a")))]).await.unwrap();
+    // Another writer of the table (a second sink) holds its bookkeeping row while it writes a
+    // newer row, and commits later.
+    let other = admin().await;
+    other
+        .batch_execute(&format!(
+            "BEGIN; SELECT high FROM {s}.walsink_cdc_tables WHERE tbl = 't' FOR UPDATE; \
+             UPDATE {s}.t SET v = 'newer', _walsink_pos = 100 WHERE id = 1; \
+             UPDATE {s}.walsink_cdc_tables SET high = 100 WHERE tbl = 't';",
+            s = t.schema
+        ))
+        .await
+        .unwrap();
+    let committed = std::sync::Mutex::new(None);
+    let (applied, _) = tokio::join!(
+        async {
+            t.epoch(&[ev("u", 50, None, Some((1, "older")))])
+                .await
+                .unwrap();
+            std::time::Instant::now()
+        },
+        async {
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            *committed.lock().unwrap() = Some(std::time::Instant::now());
+            other.batch_execute("COMMIT").await.unwrap();
+        }
+    );
+    assert!(
+        applied >= committed.lock().unwrap().expect("committed"),
+        "the epoch did not wait for the other writer's lock"
+    );
+    let rows = t.rows().await;
+    assert_eq!(
+        rows,
+        vec![(1, Some("newer".to_string()), Some(10))],
+        "an epoch read the high-water before the other writer committed and overwrote a newer row"
+    );
+    assert_eq!(t.sink.stats().unguarded, 1, "{:?}", t.sink.stats());
+    t.drop_schema().await;
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(servers),
@@ -696,4 +835,80 @@ async fn the_cdc_sink_conforms() {
             .batch_execute(&format!("DROP SCHEMA {} CASCADE", r.get::<_, String>(0)))
             .await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn large_epochs_in_several_flushes_with_rewinds_end_at_the_source_state() {
+    // Epochs of thousands of changes over thousands of keys: each is sent in several flushes
+    // while the rest is parsed, some runs in order (unguarded), some reaching back (guarded).
+    let mut t = Target::new("flushes", "").await;
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut live: std::collections::BTreeMap<i32, String> = Default::default();
+    let mut history: Vec<Value> = Vec::new();
+    let mut lsn = 1000u64;
+    for i in 0..16_000 {
+        lsn += 1;
+        let id = rng.i32(0..6000);
+        let v = format!("v{lsn}");
+        let e = if i == 9_000 {
+            live.clear();
+            ev("t", lsn, None, None)
+        } else if live.contains_key(&id) && rng.u8(0..10) == 0 {
+            live.remove(&id);
+            ev("d", lsn, Some((id, "")), None)
+        } else if live.contains_key(&id) && rng.u8(0..10) == 0 {
+            let to = 6000 + rng.i32(0..6000);
+            if live.contains_key(&to) {
+                continue;
+            }
+            live.remove(&id);
+            live.insert(to, v.clone());
+            ev("u", lsn, Some((id, "")), Some((to, &v)))
+        } else {
+            live.insert(id, v.clone());
+            ev(
+                if rng.bool() { "c" } else { "u" },
+                lsn,
+                None,
+                Some((id, &v)),
+            )
+        };
+        history.push(e);
+    }
+    let mut stream: Vec<Value> = Vec::new();
+    let mut i = 0;
+    while i < history.len() {
+        let n = rng.usize(1000..4000).min(history.len() - i);
+        stream.extend_from_slice(&history[i..i + n]);
+        i += n;
+        if rng.u8(0..3) == 0 {
+            let from = rng.usize(0..i);
+            let to = (from + rng.usize(1..3000)).min(i);
+            stream.extend_from_slice(&history[from..to]);
+        }
+    }
+    let mut epochs = 0;
+    let mut j = 0;
+    while j < stream.len() {
+        let n = rng.usize(2000..9000).min(stream.len() - j);
+        t.epoch(&stream[j..j + n]).await.unwrap();
+        epochs += 1;
+        j += n;
+    }
+    let want: Vec<_> = live
+        .iter()
+        .map(|(id, v)| (*id, Some(v.clone()), Some(id * 10)))
+        .collect();
+    assert_eq!(t.rows().await, want);
+    let s = t.sink.stats();
+    assert!(s.unguarded > 0 && s.unguarded < s.sent, "{s:?}");
+    assert!(
+        s.sent > 2 * epochs + 2,
+        "epochs were not sent in several flushes: {s:?}"
+    );
+    t.drop_schema().await;
 }

@@ -262,9 +262,104 @@ pub fn parse(record: &[u8], field: &PositionField) -> Result<Option<Event>, Even
     if record.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
+    if let Some(parsed) = quick::parse(record, field) {
+        return Ok(parsed);
+    }
     let v: Value =
         serde_json::from_slice(record).map_err(|e| EventError::NotJson(e.to_string()))?;
     from_value(v, field)
+}
+
+/// The common shapes, read straight into an [`Event`]: the fields an event does not need
+/// (the converter's `schema`, most of `source`, `ts_ms`, `transaction`) are skipped unread
+/// instead of built as JSON values, and strings are borrowed from the record. Anything
+/// unusual (a wrong type, a duplicate field, a bare `payload`, a position field other than
+/// `source.lsn`) answers `None`, and the record is read again the general way, which gives
+/// the same event or names what is wrong: this path never decides differently, it only
+/// decides sooner.
+mod quick {
+    use super::{position, Event, Op, PositionField, Row};
+    use serde::de::IgnoredAny;
+    use serde::Deserialize;
+    use serde_json::value::RawValue;
+    use serde_json::Value;
+    use std::borrow::Cow;
+
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        /// `None`: absent; `Some(None)`: `null` (the general way tells the two apart).
+        #[serde(borrow, default, deserialize_with = "present")]
+        op: Option<Option<&'a str>>,
+        #[serde(default)]
+        before: Option<Row>,
+        #[serde(default)]
+        after: Option<Row>,
+        #[serde(borrow, default)]
+        source: Option<Source<'a>>,
+        #[serde(borrow, default)]
+        payload: Option<&'a RawValue>,
+        #[serde(default)]
+        schema: Option<IgnoredAny>,
+    }
+
+    #[derive(Deserialize)]
+    struct Source<'a> {
+        #[serde(borrow, default)]
+        table: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        db: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        schema: Option<Cow<'a, str>>,
+        #[serde(default)]
+        lsn: Option<Value>,
+    }
+
+    fn present<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Option<&'de str>>, D::Error> {
+        Option::<&'de str>::deserialize(d).map(Some)
+    }
+
+    pub(super) fn parse(record: &[u8], field: &PositionField) -> Option<Option<Event>> {
+        if field.0.len() != 2 || field.0[0] != "source" || field.0[1] != "lsn" {
+            return None;
+        }
+        let top: Envelope = serde_json::from_slice(record).ok()?;
+        let e = match (&top.payload, &top.op, &top.schema) {
+            // The converter's wrapper.
+            (Some(payload), None, Some(_)) => {
+                if payload.get() == "null" {
+                    return Some(None);
+                }
+                let inner: Envelope = serde_json::from_str(payload.get()).ok()?;
+                if inner.payload.is_some() {
+                    return None;
+                }
+                inner
+            }
+            // A bare `payload` may be the wrapper without its schema: the general way decides.
+            (Some(_), None, None) => return None,
+            _ => top,
+        };
+        let op = Op::parse(e.op.flatten()?)?;
+        let source = e.source?;
+        let table = source.table?.into_owned();
+        let position = position(source.lsn.as_ref(), field).ok()?;
+        match op {
+            Op::Create | Op::Read | Op::Update if e.after.is_none() => return None,
+            Op::Delete if e.before.is_none() => return None,
+            _ => {}
+        }
+        Some(Some(Event {
+            op,
+            db: source.db.map(Cow::into_owned),
+            schema: source.schema.map(Cow::into_owned),
+            table,
+            position,
+            before: e.before,
+            after: e.after,
+        }))
+    }
 }
 
 /// Interprets one JSON value as an event. `Ok(None)` is a tombstone.
@@ -525,6 +620,71 @@ mod tests {
             }
             let _ = parse(ev.to_string().as_bytes(), &PositionField::default());
         }
+    }
+
+    /// The general way alone, for comparison with the quick one.
+    fn general(record: &[u8]) -> Result<Option<Event>, EventError> {
+        let v: Value =
+            serde_json::from_slice(record).map_err(|e| EventError::NotJson(e.to_string()))?;
+        from_value(v, &PositionField::default())
+    }
+
+    proptest::proptest! {
+        /// Wherever the quick way answers, it answers what the general way does: over the
+        /// shapes it takes, the wrapper with and without its schema, `op` absent and `null`,
+        /// duplicate fields, and any JSON value at any place.
+        #[test]
+        fn the_quick_way_decides_as_the_general_way(v in arb_json(), at in 0usize..9, shape in 0usize..8) {
+            let mut ev = json!({"before": {"id": 1, "v": "a\\u00e9"}, "after": {"id": 2, "n": 1.50},
+                                "source": {"table": "t", "lsn": "0/1A", "db": "d", "schema": "s", "ts_ms": 5}, "op": "u", "ts_ms": 1});
+            match at {
+                0 => ev["op"] = v,
+                1 => ev["source"] = v,
+                2 => ev["source"]["lsn"] = v,
+                3 => ev["after"] = v,
+                4 => ev["before"] = v,
+                5 => ev["source"]["table"] = v,
+                6 => ev["source"]["db"] = v,
+                7 => ev["payload"] = v,
+                _ => { ev.as_object_mut().unwrap().remove("op"); }
+            }
+            let text = ev.to_string();
+            let record = match shape {
+                0 => text,
+                1 => format!(r#"{{"schema": {{"type": "struct"}}, "payload": {text}}}"#),
+                2 => format!(r#"{{"payload": {text}}}"#),
+                3 => format!(r#"{{"schema": null, "payload": {text}}}"#),
+                4 => format!(r#"{{"op": "c", {}"#, &text[1..]),
+                5 => format!(r#"{{"source": {{"table": "x", "lsn": 9}}, {}"#, &text[1..]),
+                6 => format!(r#"{{"schema": {{}}, "payload": {text}, "op": null}}"#),
+                _ => r#"{"schema": {}, "payload": null}"#.to_string(),
+            };
+            if let Some(quick) = quick::parse(record.as_bytes(), &PositionField::default()) {
+                proptest::prop_assert_eq!(Ok(quick), general(record.as_bytes()), "{}", record);
+            }
+            proptest::prop_assert_eq!(parse(record.as_bytes(), &PositionField::default()), general(record.as_bytes()));
+        }
+    }
+
+    #[test]
+    fn the_quick_way_takes_the_common_shapes() {
+        let f = PositionField::default();
+        let ev = r#"{"before": null, "after": {"id": 1}, "source": {"version": "2.5", "connector": "postgresql", "db": "d", "schema": "public", "table": "t", "lsn": 24023128, "txId": 7}, "op": "c", "ts_ms": 1}"#;
+        for record in [
+            ev.to_string(),
+            format!(r#"{{"schema": {{"type": "struct", "fields": []}}, "payload": {ev}}}"#),
+        ] {
+            let q = quick::parse(record.as_bytes(), &f).expect("taken the quick way");
+            assert_eq!(Ok(q), general(record.as_bytes()));
+        }
+        assert_eq!(parse(br#"{"schema": {}, "payload": null}"#, &f), Ok(None));
+        // Another position field, or a bare payload: the general way.
+        assert!(quick::parse(
+            ev.as_bytes(),
+            &PositionField::new("source.sequence").unwrap()
+        )
+        .is_none());
+        assert!(quick::parse(format!(r#"{{"payload": {ev}}}"#).as_bytes(), &f).is_none());
     }
 
     fn arb_json() -> impl proptest::strategy::Strategy<Value = Value> {

@@ -348,7 +348,14 @@ impl CdcSink {
                     continue;
                 };
                 stats.events += 1;
-                table_meta(&tx, tables, &schema, &ev, rec.position, add_missing).await?;
+                if let Err(e) =
+                    table_meta(&tx, tables, &schema, &ev, rec.position, add_missing).await
+                {
+                    // A flush in flight that failed aborted the transaction, and this is only
+                    // the echo ("current transaction is aborted"): its own error says why.
+                    wait(inflight.take(), stats).await?;
+                    return Err(e);
+                }
                 let source_position = ev.position;
                 let meta = &tables[&ev.table].meta;
                 planner.push(ev, meta, rec.position).map_err(|e| {

@@ -912,3 +912,40 @@ async fn large_epochs_in_several_flushes_with_rewinds_end_at_the_source_state() 
     );
     t.drop_schema().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn a_flush_in_flight_that_fails_is_the_error_reported_not_its_echo() {
+    // The first flush of the epoch carries a value the column refuses; while it is in flight
+    // the sink parses on and meets a table it has not loaded, whose catalog query can only
+    // fail with "current transaction is aborted". The error must be the refusal (permanent),
+    // and nothing of the epoch may be visible.
+    let mut t = Target::new("echo", "").await;
+    t.admin
+        .batch_execute(&format!(
+            "CREATE TABLE {}.u (id int PRIMARY KEY, v text, n int)",
+            t.schema
+        ))
+        .await
+        .unwrap();
+    let mut events: Vec<Value> = (0..3000)
+        .map(|i| ev("c", 10 + i as u64, None, Some((i, "x"))))
+        .collect();
+    events[5]["after"]["n"] = json!("not a number");
+    let mut other = ev("c", 5000, None, Some((1, "u")));
+    other["source"]["table"] = json!("u");
+    events.push(other);
+    let e = t.epoch(&events).await;
+    assert!(e.is_err());
+    let msg = t.wal.health().last_error.unwrap_or_default();
+    assert!(
+        msg.contains("not a number") || msg.contains("invalid input syntax"),
+        "{msg}"
+    );
+    assert!(!msg.contains("aborted"), "{msg}");
+    assert_eq!(t.rows().await, vec![]);
+    t.drop_schema().await;
+}

@@ -86,6 +86,9 @@ struct Target {
     kinds: HashMap<String, ColumnKind>,
     /// How each key column (in key order) is written canonically in tombstones.
     canon: Vec<Canon>,
+    /// Every key column is an integer (`smallint`, `integer`, `bigint`): a key whose values
+    /// are all plain integer literals has one spelling (see [`one_spelling`]).
+    int_keys: bool,
 }
 
 /// How a key column's value is made canonical before it is compared as text (tombstones)
@@ -118,8 +121,20 @@ impl Canon {
     }
 }
 
-/// Prepared statements by table, kind, guard and column set.
-type Statements = HashMap<(String, u8, bool, Vec<String>), Statement>;
+/// Prepared statements by table, shape and column set.
+type Statements = HashMap<(String, Shape, Vec<String>), Statement>;
+
+/// What a statement does and how: see [`statement_sql`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Shape {
+    /// [`UPSERT`] or [`DELETE`].
+    kind: u8,
+    /// Under the position guard.
+    guarded: bool,
+    /// Every key is spelled one way only in the rows (see [`one_spelling`]), so the statement
+    /// need not keep one row per key itself.
+    one_spelling: bool,
+}
 
 /// A table's high-water rank in an epoch's transaction: at or above every rank its rows,
 /// its tombstones and its truncate watermark hold (see [`lock_high`]).
@@ -577,6 +592,12 @@ async fn load_meta(
         .iter()
         .map(|k| Canon::of(bases.get(k).map_or("", String::as_str)))
         .collect();
+    let int_keys = key.iter().all(|k| {
+        matches!(
+            bases.get(k).map(String::as_str),
+            Some("int2" | "int4" | "int8")
+        )
+    });
     Ok(Some(Target {
         meta: TableMeta {
             name: table.to_string(),
@@ -585,6 +606,7 @@ async fn load_meta(
         },
         kinds,
         canon,
+        int_keys,
     }))
 }
 
@@ -634,8 +656,31 @@ fn step_columns<'a>(target: &'a Target, kind: u8, columns: &'a [String]) -> &'a 
 
 /// Whether a statement of `kind` takes the table's name (`$2`): every guarded statement,
 /// and a delete (its tombstones); an unguarded upsert does not.
-fn takes_table(kind: u8, guarded: bool) -> bool {
-    guarded || kind == DELETE
+fn takes_table(shape: Shape) -> bool {
+    shape.guarded || shape.kind == DELETE
+}
+
+/// Whether no two rows of `rows` can name one key in two spellings: every key column is an
+/// integer and every key value a plain integer literal (`7`, not `"7"`, `7.0`, `7e0` or
+/// `-0`), whose text is then the key's one spelling. The planner keeps one row per spelling,
+/// so such rows hold each key once, and the statement can skip keeping the newest per key (a
+/// sort of the rows).
+fn one_spelling(target: &Target, rows: &[crate::plan::Change]) -> bool {
+    let plain = |v: Option<&Value>| match v {
+        Some(Value::Number(n)) => {
+            let t = n.as_str();
+            let digits = t.strip_prefix('-').unwrap_or(t);
+            t == "0"
+                || (!digits.is_empty()
+                    && !digits.starts_with('0')
+                    && digits.bytes().all(|b| b.is_ascii_digit()))
+        }
+        _ => false,
+    };
+    target.int_keys
+        && rows
+            .iter()
+            .all(|r| target.meta.key.iter().all(|k| plain(r.row.get(k))))
 }
 
 /// The statement for one kind of step, written once per table, kind, guard and column set.
@@ -649,13 +694,12 @@ fn takes_table(kind: u8, guarded: bool) -> bool {
 /// table's watermark. Unguarded: every row applies, which gives the same result when every
 /// rank sent is above the table's high-water (see [`run`]); the delete still leaves its
 /// tombstones.
-fn statement_sql(
-    schema: &str,
-    target: &Target,
-    kind: u8,
-    guarded: bool,
-    columns: &[String],
-) -> String {
+fn statement_sql(schema: &str, target: &Target, shape: Shape, columns: &[String]) -> String {
+    let Shape {
+        kind,
+        guarded,
+        one_spelling,
+    } = shape;
     let meta = &target.meta;
     let s = ident(schema);
     let t = format!("{s}.{}", ident(&meta.name));
@@ -684,7 +728,7 @@ fn statement_sql(
             String::new()
         }
     };
-    let first = if takes_table(kind, guarded) { 3 } else { 2 };
+    let first = if takes_table(shape) { 3 } else { 2 };
     let sent = step_columns(target, kind, columns);
     // The rows (above the table's watermark when guarded), with their ranks.
     let rows = if typed(target, sent) {
@@ -726,9 +770,13 @@ fn statement_sql(
     // it, and two spellings of one key (`1.0` and `1.00`, a uuid in capitals and in lower
     // case) would otherwise reach one row twice in one statement.
     let w_key = canon_key("w.");
-    let v = format!(
-        "v AS (SELECT DISTINCT ON ({w_key}) * FROM ({rows}) w ORDER BY {w_key}, w._ws_rank DESC)"
-    );
+    let v = if one_spelling {
+        format!("v AS ({rows})")
+    } else {
+        format!(
+            "v AS (SELECT DISTINCT ON ({w_key}) * FROM ({rows}) w ORDER BY {w_key}, w._ws_rank DESC)"
+        )
+    };
     let older = |t: &str, rank: &str| {
         if guarded {
             format!(" AND ({t}.{POS} IS NULL OR {t}.{POS} < {rank})")
@@ -913,11 +961,13 @@ async fn statements_for(
                 .now
                 .max(rows.iter().map(|c| c.rank).max().unwrap_or(i64::MIN));
             let target = &tables[&table];
-            let statement =
-                prepare(tx, statements, schema, target, kind, guarded, &columns).await?;
-            ready.push(build(
-                target, kind, guarded, &columns, rows, statement, schema,
-            ));
+            let shape = Shape {
+                kind,
+                guarded,
+                one_spelling: one_spelling(target, &rows),
+            };
+            let statement = prepare(tx, statements, schema, target, shape, &columns).await?;
+            ready.push(build(target, shape, &columns, rows, statement, schema));
         }
         Ok::<_, SinkError>(ready)
     }
@@ -929,22 +979,21 @@ async fn statements_for(
 /// One step's statement with its parameters.
 fn build(
     target: &Target,
-    kind: u8,
-    guarded: bool,
+    shape: Shape,
     columns: &[String],
     rows: Vec<crate::plan::Change>,
     statement: Statement,
     schema: &str,
 ) -> Ready {
-    let what = if kind == DELETE {
+    let what = if shape.kind == DELETE {
         "delete from"
     } else {
         "upsert into"
     };
     let table = &target.meta.name;
     let context = failed(what, schema, table, &rows);
-    let sent = step_columns(target, kind, columns);
-    let table = takes_table(kind, guarded).then(|| table.clone());
+    let sent = step_columns(target, shape.kind, columns);
+    let table = takes_table(shape).then(|| table.clone());
     let params = if typed(target, sent) {
         let ranks: Vec<i64> = rows.iter().map(|c| c.rank).collect();
         let kinds: Vec<&ColumnKind> = sent.iter().map(|c| &target.kinds[c]).collect();
@@ -1098,16 +1147,15 @@ async fn prepare(
     statements: &mut Statements,
     schema: &str,
     target: &Target,
-    kind: u8,
-    guarded: bool,
+    shape: Shape,
     columns: &[String],
 ) -> Result<Statement, SinkError> {
     let meta = &target.meta;
-    let key = (meta.name.clone(), kind, guarded, columns.to_vec());
+    let key = (meta.name.clone(), shape, columns.to_vec());
     if let Some(s) = statements.get(&key) {
         return Ok(s.clone());
     }
-    let sql = statement_sql(schema, target, kind, guarded, columns);
+    let sql = statement_sql(schema, target, shape, columns);
     let st = tx.prepare(&sql).await.map_err(|e| {
         classify(
             e,
@@ -1183,6 +1231,94 @@ async fn truncate(
 mod tests {
     use super::*;
 
+    /// A guarded statement that keeps one row per key.
+    fn shape(kind: u8) -> Shape {
+        Shape {
+            kind,
+            guarded: true,
+            one_spelling: false,
+        }
+    }
+
+    #[test]
+    fn unguarded_statements_and_one_spelling() {
+        let target = Target {
+            meta: TableMeta {
+                name: "items".into(),
+                columns: vec!["id".into(), "name".into()],
+                key: vec!["id".into()],
+            },
+            kinds: [
+                ("id", "pg_catalog.int4", "N", "int4"),
+                ("name", "pg_catalog.text", "S", "text"),
+            ]
+            .iter()
+            .map(|(c, t, cat, base)| {
+                (
+                    c.to_string(),
+                    ColumnKind::from_catalog(t.to_string(), cat, base),
+                )
+            })
+            .collect(),
+            canon: vec![Canon::AsIs],
+            int_keys: true,
+        };
+        let plain = Shape {
+            kind: UPSERT,
+            guarded: false,
+            one_spelling: true,
+        };
+        let up = statement_sql("r", &target, plain, &["id".into(), "name".into()]);
+        assert!(
+            !up.contains("_walsink_cdc_tombstones")
+                && !up.contains("truncated_at")
+                && !up.contains("DISTINCT ON")
+                && !up.contains("tbl =")
+                && !up.contains("WHERE"),
+            "{up}"
+        );
+        assert!(
+            up.contains("unnest($1::bigint[], $2::text[], $3::text[])"),
+            "{up}"
+        );
+        let del = statement_sql(
+            "r",
+            &target,
+            Shape {
+                kind: DELETE,
+                ..plain
+            },
+            &[],
+        );
+        assert!(
+            del.contains("walsink_cdc_tombstones") && !del.contains("_walsink_pos <"),
+            "{del}"
+        );
+        let change = |id: Value| crate::plan::Change {
+            rank: 1,
+            row: [("id".to_string(), id)].into_iter().collect(),
+            at: RecordPosition {
+                checkpoint: 1,
+                index: 0,
+            },
+        };
+        let number = |t: &str| serde_json::from_str::<Value>(t).unwrap();
+        for ok in ["0", "7", "-7", "123456789012"] {
+            assert!(one_spelling(&target, &[change(number(ok))]), "{ok}");
+        }
+        for two in ["-0", "07", "7.0", "7e0", "1E2"] {
+            if let Ok(v) = serde_json::from_str::<Value>(two) {
+                assert!(!one_spelling(&target, &[change(v)]), "{two}");
+            }
+        }
+        assert!(!one_spelling(&target, &[change(json!("7"))]));
+        let text_key = Target {
+            int_keys: false,
+            ..target
+        };
+        assert!(!one_spelling(&text_key, &[change(number("7"))]));
+    }
+
     #[test]
     fn statements_read_as_intended() {
         let meta = TableMeta {
@@ -1206,8 +1342,9 @@ mod tests {
             meta,
             kinds,
             canon: vec![Canon::AsIs],
+            int_keys: true,
         };
-        let up = statement_sql("r", &target, UPSERT, true, &["id".into(), "name".into()]);
+        let up = statement_sql("r", &target, shape(UPSERT), &["id".into(), "name".into()]);
         assert!(
             up.contains("ON CONFLICT (\"id\") DO UPDATE SET \"name\" = EXCLUDED.\"name\""),
             "{up}"
@@ -1218,7 +1355,7 @@ mod tests {
                 && up.contains("unnest($1::bigint[], $3::text[], $4::text[])"),
             "{up}"
         );
-        let only_key = statement_sql("r", &target, UPSERT, true, &["id".into()]);
+        let only_key = statement_sql("r", &target, shape(UPSERT), &["id".into()]);
         assert!(
             only_key.contains("DO UPDATE SET _walsink_pos = EXCLUDED._walsink_pos WHERE"),
             "{only_key}"
@@ -1228,11 +1365,11 @@ mod tests {
                 && up.contains("ORDER BY w.\"id\", w._ws_rank DESC"),
             "{up}"
         );
-        let del = statement_sql("r", &target, DELETE, true, &[]);
+        let del = statement_sql("r", &target, shape(DELETE), &[]);
         assert!(del.contains("DELETE FROM \"r\".\"items\" t"), "{del}");
         // A numeric key is compared and kept canonical.
         target.canon = vec![Canon::TrimScale];
-        let del = statement_sql("r", &target, DELETE, true, &[]);
+        let del = statement_sql("r", &target, shape(DELETE), &[]);
         assert!(
             del.contains("ROW(trim_scale(v.\"id\"))::text")
                 && del.contains("DISTINCT ON (trim_scale(w.\"id\"))"),
@@ -1245,9 +1382,9 @@ mod tests {
             "name".into(),
             ColumnKind::from_catalog("text[]".into(), "A", "_text"),
         );
-        let up = statement_sql("r", &target, UPSERT, true, &["id".into(), "name".into()]);
+        let up = statement_sql("r", &target, shape(UPSERT), &["id".into(), "name".into()]);
         assert!(up.contains("jsonb_populate_record"), "{up}");
-        let del = statement_sql("r", &target, DELETE, true, &[]);
+        let del = statement_sql("r", &target, shape(DELETE), &[]);
         assert!(del.contains("unnest($1::bigint[], $3::text[])"), "{del}");
         assert_eq!(sql_type(&json!(1)), "bigint");
         assert_eq!(sql_type(&json!(u64::MAX)), "numeric");

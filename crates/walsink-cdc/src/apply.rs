@@ -86,9 +86,68 @@ struct Target {
     kinds: HashMap<String, ColumnKind>,
     /// How each key column (in key order) is written canonically in tombstones.
     canon: Vec<Canon>,
-    /// Every key column is an integer (`smallint`, `integer`, `bigint`): a key whose values
-    /// are all plain integer literals has one spelling (see [`one_spelling`]).
-    int_keys: bool,
+    /// Which values of each key column (in key order) have one spelling.
+    spellings: Vec<Spelling>,
+}
+
+/// Which JSON values of a key column are the only way to write the key they name, so two rows
+/// the planner holds apart (it compares spellings) are two keys for PostgreSQL too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spelling {
+    /// `smallint`, `integer`, `bigint`: a plain integer literal (`7`, `-7`, `0`; not `"7"`,
+    /// `7.0`, `7e0` or `-0`).
+    Int,
+    /// `text` or `varchar` with a deterministic collation: a JSON string (equal text is an
+    /// equal key; a number could be written two ways).
+    Text,
+    /// `uuid`: the lower-case hyphenated form PostgreSQL prints.
+    Uuid,
+    /// Any other type: no value is taken as the only spelling.
+    Other,
+}
+
+impl Spelling {
+    fn of(base: &str, deterministic: bool) -> Spelling {
+        match base {
+            "int2" | "int4" | "int8" => Spelling::Int,
+            "text" | "varchar" if deterministic => Spelling::Text,
+            "uuid" => Spelling::Uuid,
+            _ => Spelling::Other,
+        }
+    }
+
+    /// Whether `v` is this column's one spelling of its key.
+    fn holds(self, v: Option<&Value>) -> bool {
+        match (self, v) {
+            (Spelling::Int, Some(Value::Number(n))) => {
+                let t = n.as_str();
+                let digits = t.strip_prefix('-').unwrap_or(t);
+                t == "0"
+                    || (!digits.is_empty()
+                        && !digits.starts_with('0')
+                        && digits.bytes().all(|b| b.is_ascii_digit()))
+            }
+            (Spelling::Text, Some(Value::String(_))) => true,
+            (Spelling::Uuid, Some(Value::String(u))) => {
+                u.len() == 36
+                    && u.bytes().enumerate().all(|(i, b)| match i {
+                        8 | 13 | 18 | 23 => b == b'-',
+                        _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+                    })
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Whether the key of `row` (an image holding the key columns) is written in its one spelling.
+fn spelled_once(target: &Target, row: &crate::event::Row) -> bool {
+    target
+        .meta
+        .key
+        .iter()
+        .zip(&target.spellings)
+        .all(|(k, s)| s.holds(row.get(k)))
 }
 
 /// How a key column's value is made canonical before it is compared as text (tombstones)
@@ -217,28 +276,42 @@ impl CdcSink {
                 "CREATE SCHEMA IF NOT EXISTS {schema}; \
                  CREATE TABLE IF NOT EXISTS {schema}.{TOMBS} (tbl text COLLATE \"C\" NOT NULL, k text COLLATE \"C\" NOT NULL, pos bigint NOT NULL, \
                    PRIMARY KEY (tbl, k)); \
-                 CREATE TABLE IF NOT EXISTS {schema}.{TABLES} (tbl text PRIMARY KEY, truncated_at bigint NOT NULL, high bigint);"
+                 CREATE TABLE IF NOT EXISTS {schema}.{TABLES} (tbl text PRIMARY KEY, truncated_at bigint, high bigint);"
             );
             // Two sinks creating the tables at once can collide in the catalog; once more
             // settles it.
             for attempt in 0..3 {
                 let r = async {
                     client.batch_execute(&ddl).await?;
-                    // Bookkeeping made before the high-water existed gains its column (the
-                    // check first: the ALTER would wait for every open epoch on the table).
+                    // Bookkeeping made by an earlier version gains the high-water column and
+                    // a watermark that may be NULL (none: every rank is above it, the lowest
+                    // too). The catalog is checked first: an ALTER would wait for every open
+                    // epoch on the table.
                     let tables = format!("{schema}.{TABLES}");
-                    let has_high = client
-                        .query_opt(
-                            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
-                             AND attname = 'high' AND NOT attisdropped",
+                    let cols = client
+                        .query(
+                            "SELECT attname::text, attnotnull FROM pg_attribute \
+                             WHERE attrelid = to_regclass($1) AND NOT attisdropped \
+                             AND attname IN ('high', 'truncated_at')",
                             &[&tables],
                         )
-                        .await?
-                        .is_some();
-                    if !has_high {
+                        .await?;
+                    let col = |name: &str| {
+                        cols.iter()
+                            .find(|r| r.get::<_, String>(0) == name)
+                            .map(|r| r.get::<_, bool>(1))
+                    };
+                    if col("high").is_none() {
                         client
                             .batch_execute(&format!(
                                 "ALTER TABLE {tables} ADD COLUMN IF NOT EXISTS high bigint"
+                            ))
+                            .await?;
+                    }
+                    if col("truncated_at") == Some(true) {
+                        client
+                            .batch_execute(&format!(
+                                "ALTER TABLE {tables} ALTER COLUMN truncated_at DROP NOT NULL"
                             ))
                             .await?;
                     }
@@ -343,6 +416,8 @@ impl CdcSink {
         let mut highs = Highs::new();
         let mut planner = Planner::new();
         let flush_at = max_held.min(PIPELINE_HELD);
+        // Tables whose held events include a key not in its one spelling.
+        let mut mixed: std::collections::HashSet<String> = Default::default();
         let mut inflight: Option<InFlight<'_>> = None;
         let mut chunks = AsyncChunks::new(epoch);
         while let Some(chunk) = chunks.next().await {
@@ -371,8 +446,32 @@ impl CdcSink {
                     wait(inflight.take(), stats).await?;
                     return Err(e);
                 }
+                let mut ev = ev;
+                if let Err(e) =
+                    same_key_update(&tx, &tables[&ev.table], &schema, &mut ev, rec.position).await
+                {
+                    wait(inflight.take(), stats).await?;
+                    return Err(e);
+                }
+                // A partial image must land on top of the earlier events of its key. The
+                // planner sees to that for one spelling of the key; when some key of the
+                // table came in another spelling, the table's run is cut first.
+                let target = &tables[&ev.table];
+                let spelled = event_spelled_once(target, &ev);
+                let partial = matches!(ev.op, Op::Create | Op::Read | Op::Update)
+                    && ev
+                        .after
+                        .as_ref()
+                        .is_some_and(|a| crate::plan::partial(a, &target.meta));
+                if partial && (!spelled || mixed.contains(&ev.table)) {
+                    planner.cut(&ev.table);
+                    mixed.remove(&ev.table);
+                }
+                if !spelled && !mixed.contains(&ev.table) {
+                    mixed.insert(ev.table.clone());
+                }
                 let source_position = ev.position;
-                let meta = &tables[&ev.table].meta;
+                let meta = &target.meta;
                 planner.push(ev, meta, rec.position).map_err(|e| {
                     SinkError::permanent(format!(
                         "event at checkpoint {}, index {} (source position {source_position}): {e}",
@@ -383,6 +482,7 @@ impl CdcSink {
                     // The flush before this one is done first (at most one in flight).
                     wait(inflight.take(), stats).await?;
                     let steps = planner.drain();
+                    mixed.clear();
                     let ready =
                         statements_for(&tx, statements, tables, &schema, &mut highs, steps, stats)
                             .await?;
@@ -538,10 +638,11 @@ async fn load_meta(
     let read = || async {
         tx.query(
             "SELECT a.attname::text, quote_ident(tn.nspname) || '.' || quote_ident(t.typname), \
-               b.typcategory::text, b.typname::text \
+               b.typcategory::text, b.typname::text, coalesce(co.collisdeterministic, true) \
              FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
              JOIN pg_namespace tn ON tn.oid = t.typnamespace \
              JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END \
+             LEFT JOIN pg_collation co ON co.oid = a.attcollation \
              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             &[&q],
         )
@@ -564,6 +665,7 @@ async fn load_meta(
     let mut cols = Vec::with_capacity(rows.len());
     let mut kinds = HashMap::with_capacity(rows.len());
     let mut bases: HashMap<String, String> = HashMap::with_capacity(rows.len());
+    let mut deterministic: HashMap<String, bool> = HashMap::with_capacity(rows.len());
     for r in rows {
         let name: String = r.get(0);
         if name == POS {
@@ -571,6 +673,7 @@ async fn load_meta(
         }
         let category: String = r.get(2);
         let base: String = r.get(3);
+        deterministic.insert(name.clone(), r.get::<_, bool>(4));
         kinds.insert(
             name.clone(),
             ColumnKind::from_catalog(r.get(1), &category, &base),
@@ -592,12 +695,15 @@ async fn load_meta(
         .iter()
         .map(|k| Canon::of(bases.get(k).map_or("", String::as_str)))
         .collect();
-    let int_keys = key.iter().all(|k| {
-        matches!(
-            bases.get(k).map(String::as_str),
-            Some("int2" | "int4" | "int8")
-        )
-    });
+    let spellings = key
+        .iter()
+        .map(|k| {
+            Spelling::of(
+                bases.get(k).map_or("", String::as_str),
+                deterministic.get(k).copied().unwrap_or(false),
+            )
+        })
+        .collect();
     Ok(Some(Target {
         meta: TableMeta {
             name: table.to_string(),
@@ -606,7 +712,7 @@ async fn load_meta(
         },
         kinds,
         canon,
-        int_keys,
+        spellings,
     }))
 }
 
@@ -660,27 +766,111 @@ fn takes_table(shape: Shape) -> bool {
     shape.guarded || shape.kind == DELETE
 }
 
-/// Whether no two rows of `rows` can name one key in two spellings: every key column is an
-/// integer and every key value a plain integer literal (`7`, not `"7"`, `7.0`, `7e0` or
-/// `-0`), whose text is then the key's one spelling. The planner keeps one row per spelling,
-/// so such rows hold each key once, and the statement can skip keeping the newest per key (a
-/// sort of the rows).
-fn one_spelling(target: &Target, rows: &[crate::plan::Change]) -> bool {
-    let plain = |v: Option<&Value>| match v {
-        Some(Value::Number(n)) => {
-            let t = n.as_str();
-            let digits = t.strip_prefix('-').unwrap_or(t);
-            t == "0"
-                || (!digits.is_empty()
-                    && !digits.starts_with('0')
-                    && digits.bytes().all(|b| b.is_ascii_digit()))
-        }
-        _ => false,
+/// An update whose `before` and `after` spell their keys differently changes the key only
+/// if PostgreSQL holds the two keys different: `"07"` and `7` in an `integer` key are one key,
+/// and the update must not become a delete of it and an insert at the same rank (which the
+/// delete's tombstone would refuse). When the spellings leave it open, the server compares
+/// the keys as it casts them, and for one key the update loses its `before`.
+async fn same_key_update(
+    tx: &Transaction<'_>,
+    target: &Target,
+    schema: &str,
+    ev: &mut Event,
+    at: RecordPosition,
+) -> Result<(), SinkError> {
+    let (Op::Update, Some(before), Some(after)) = (ev.op, &ev.before, &ev.after) else {
+        return Ok(());
     };
-    target.int_keys
-        && rows
+    let meta = &target.meta;
+    let (Ok(old), Ok(new)) = (
+        crate::plan::key_of(before, meta, "before"),
+        crate::plan::key_of(after, meta, "after"),
+    ) else {
+        return Ok(());
+    };
+    if old == new || (spelled_once(target, before) && spelled_once(target, after)) {
+        return Ok(());
+    }
+    let n = meta.key.len();
+    let mut casts = Vec::with_capacity(n);
+    for c in &meta.key {
+        match target.kinds.get(c).and_then(ColumnKind::cast) {
+            Some(ty) => casts.push(ty),
+            // A key column sent through JSON (an array or composite key): left to the
+            // statements, as before.
+            None => return Ok(()),
+        }
+    }
+    let row = |from: usize| {
+        casts
             .iter()
-            .all(|r| target.meta.key.iter().all(|k| plain(r.row.get(k))))
+            .zip(&target.canon)
+            .enumerate()
+            .map(|(i, (ty, canon))| canon.expr(&format!("(${}::text)::{ty}", from + i)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let sql = format!("SELECT ROW({})::text = ROW({})::text", row(1), row(1 + n));
+    let values: Vec<Option<String>> = [before, after]
+        .iter()
+        .flat_map(|img| {
+            meta.key
+                .iter()
+                .map(|c| target.kinds[c].text(img.get(c)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = values
+        .iter()
+        .map(|v| v as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect();
+    let same: Option<bool> = tx
+        .query_one(&sql, &params)
+        .await
+        .map_err(|e| {
+            classify(
+                e,
+                &format!(
+                    "compare the old and new keys of {}.{} ({})",
+                    ident(schema),
+                    ident(&meta.name),
+                    where_(ev, at)
+                ),
+            )
+        })?
+        .get(0);
+    if same == Some(true) {
+        ev.before = None;
+    }
+    Ok(())
+}
+
+/// Whether every key `ev` names (the old one too, when an update changes it) is in its one
+/// spelling.
+fn event_spelled_once(target: &Target, ev: &Event) -> bool {
+    let key_in = |row: &Option<crate::event::Row>| {
+        row.as_ref().is_none_or(|r| {
+            target
+                .meta
+                .key
+                .iter()
+                .all(|k| r.get(k).is_none_or(Value::is_null))
+                || spelled_once(target, r)
+        })
+    };
+    match ev.op {
+        Op::Truncate => true,
+        Op::Delete => key_in(&ev.before),
+        _ => key_in(&ev.after) && key_in(&ev.before),
+    }
+}
+
+/// Whether no two rows of `rows` can name one key in two spellings: every key is written in
+/// its one spelling ([`Spelling`]). The planner keeps one row per spelling, so such rows hold
+/// each key once, and a statement of them can skip keeping the newest per key (a sort of the
+/// rows).
+fn one_spelling(target: &Target, rows: &[crate::plan::Change]) -> bool {
+    rows.iter().all(|r| spelled_once(target, &r.row))
 }
 
 /// The statement for one kind of step, written once per table, kind, guard and column set.
@@ -722,7 +912,7 @@ fn statement_sql(schema: &str, target: &Target, shape: Shape, columns: &[String]
     let above = |rank: &str| {
         if guarded {
             format!(
-                " WHERE {rank} > coalesce((SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $2), -9223372036854775808)"
+                " WHERE coalesce({rank} > (SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $2), true)"
             )
         } else {
             String::new()
@@ -825,8 +1015,10 @@ fn statement_sql(schema: &str, target: &Target, shape: Shape, columns: &[String]
 }
 
 /// The lowest rank of each run of a table's steps that no truncate of the table cuts, by the
-/// index of the run's first step.
-fn run_floors(steps: &[Step]) -> HashMap<usize, i64> {
+/// index of the run's first step; `i64::MIN` (so the run goes guarded) when a key in the run
+/// is not in its one spelling: two spellings of one key in two steps would otherwise meet
+/// unguarded, in the steps' order instead of their ranks'.
+fn run_floors(steps: &[Step], tables: &HashMap<String, Target>) -> HashMap<usize, i64> {
     let mut open: HashMap<&str, usize> = HashMap::new();
     let mut floors: HashMap<usize, i64> = HashMap::new();
     for (i, step) in steps.iter().enumerate() {
@@ -836,7 +1028,11 @@ fn run_floors(steps: &[Step]) -> HashMap<usize, i64> {
             }
             Step::Deletes { table, rows } | Step::Upserts { table, rows, .. } => {
                 let first = *open.entry(table.as_str()).or_insert(i);
-                let low = rows.iter().map(|c| c.rank).min().unwrap_or(i64::MAX);
+                let low = if one_spelling(&tables[table], rows) {
+                    rows.iter().map(|c| c.rank).min().unwrap_or(i64::MAX)
+                } else {
+                    i64::MIN
+                };
                 let floor = floors.entry(first).or_insert(i64::MAX);
                 *floor = (*floor).min(low);
             }
@@ -921,7 +1117,7 @@ async fn statements_for(
     stats: &mut Stats,
 ) -> Result<Vec<Ready>, SinkError> {
     let started = std::time::Instant::now();
-    let floors = run_floors(&steps);
+    let floors = run_floors(&steps, tables);
     let r = async {
         let mut ready = Vec::new();
         // The guard of each table's current run.
@@ -1083,7 +1279,7 @@ async fn lock_high(
     let row = tx
         .query_one(
             &format!(
-                "INSERT INTO {s}.{TABLES} AS x (tbl, truncated_at) VALUES ($1, -9223372036854775808) \
+                "INSERT INTO {s}.{TABLES} AS x (tbl) VALUES ($1) \
                  ON CONFLICT (tbl) DO UPDATE SET tbl = x.tbl RETURNING x.high"
             ),
             &[&meta.name],
@@ -1185,15 +1381,15 @@ async fn truncate(
     let row = tx
         .query_one(
             &format!(
-                "SELECT coalesce((SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $1), -9223372036854775808), \
+                "SELECT (SELECT truncated_at FROM {s}.{TABLES} WHERE tbl = $1), \
                  coalesce((SELECT max({POS}) FROM {t}), -9223372036854775808)"
             ),
             &[&meta.name],
         )
         .await
         .map_err(err)?;
-    let (watermark, newest): (i64, i64) = (row.get(0), row.get(1));
-    if rank <= watermark {
+    let (watermark, newest): (Option<i64>, i64) = (row.get(0), row.get(1));
+    if watermark.is_some_and(|w| rank <= w) {
         return Ok(());
     }
     if newest < rank {
@@ -1261,7 +1457,7 @@ mod tests {
             })
             .collect(),
             canon: vec![Canon::AsIs],
-            int_keys: true,
+            spellings: vec![Spelling::Int],
         };
         let plain = Shape {
             kind: UPSERT,
@@ -1312,11 +1508,31 @@ mod tests {
             }
         }
         assert!(!one_spelling(&target, &[change(json!("7"))]));
-        let text_key = Target {
-            int_keys: false,
+        let other = Target {
+            spellings: vec![Spelling::Other],
             ..target
         };
-        assert!(!one_spelling(&text_key, &[change(number("7"))]));
+        assert!(!one_spelling(&other, &[change(number("7"))]));
+        let text = Target {
+            spellings: vec![Spelling::Text],
+            ..other
+        };
+        assert!(one_spelling(&text, &[change(json!("7"))]));
+        assert!(!one_spelling(&text, &[change(number("7"))]));
+        let uuid = Target {
+            spellings: vec![Spelling::Uuid],
+            ..text
+        };
+        let u = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+        assert!(one_spelling(&uuid, &[change(json!(u))]));
+        for two in [
+            u.to_uppercase(),
+            u.replace('-', ""),
+            format!("{{{u}}}"),
+            u[..35].to_string(),
+        ] {
+            assert!(!one_spelling(&uuid, &[change(json!(two))]), "{two}");
+        }
     }
 
     #[test]
@@ -1342,7 +1558,7 @@ mod tests {
             meta,
             kinds,
             canon: vec![Canon::AsIs],
-            int_keys: true,
+            spellings: vec![Spelling::Int],
         };
         let up = statement_sql("r", &target, shape(UPSERT), &["id".into(), "name".into()]);
         assert!(

@@ -2,7 +2,7 @@
 //!
 //! One record of the log holds one event, as Debezium's JSON converter writes it: with the
 //! `{"schema": …, "payload": …}` wrapper (`value.converter.schemas.enable=true`) or without it.
-//! A tombstone (the JSON `null`, an empty record, or a wrapper whose payload is `null`) is
+//! A tombstone (the JSON `null`, an empty or all-whitespace record, or a wrapper whose payload is `null`) is
 //! accepted and carries no change.
 //!
 //! Parsing never panics: whatever the bytes, the answer is an [`Event`], a tombstone, or an
@@ -322,6 +322,11 @@ mod quick {
 
     pub(super) fn parse(record: &[u8], field: &PositionField) -> Option<Option<Event>> {
         if field.0.len() != 2 || field.0[0] != "source" || field.0[1] != "lsn" {
+            return None;
+        }
+        // The general way refuses JSON nested deeper than its parser's limit (128), also in
+        // fields this way skips unread; a record with that many openers goes the general way.
+        if record.iter().filter(|&&b| b == b'[' || b == b'{').count() > 128 {
             return None;
         }
         let top: Envelope = serde_json::from_slice(record).ok()?;
@@ -678,6 +683,18 @@ mod tests {
             assert_eq!(Ok(q), general(record.as_bytes()));
         }
         assert_eq!(parse(br#"{"schema": {}, "payload": null}"#, &f), Ok(None));
+        // Nested past the parser's limit in a field the quick way skips: refused both ways.
+        let deep = format!(
+            r#"{{"transaction": {}1{}, {}"#,
+            "[".repeat(200),
+            "]".repeat(200),
+            &ev[1..]
+        );
+        assert!(matches!(
+            general(deep.as_bytes()),
+            Err(EventError::NotJson(_))
+        ));
+        assert_eq!(parse(deep.as_bytes(), &f), general(deep.as_bytes()));
         // Another position field, or a bare payload: the general way.
         assert!(quick::parse(
             ev.as_bytes(),

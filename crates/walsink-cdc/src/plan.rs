@@ -141,7 +141,20 @@ pub fn key_of(row: &Row, meta: &TableMeta, image: &'static str) -> Result<String
     Ok(k)
 }
 
+/// Whether `after` carries only some of the table's columns (an unchanged TOAST value left
+/// out): such an image must land on top of what the earlier events left.
+pub fn partial(after: &Row, meta: &TableMeta) -> bool {
+    meta.columns.iter().any(|c| !after.contains_key(c))
+}
+
 impl Planner {
+    /// Ends the table's current run: what comes after lands in later steps than everything
+    /// held for it now. Always allowed (see the module docs); a caller that knows two
+    /// spellings of one key may be held apart uses it before a partial image.
+    pub fn cut(&mut self, table: &str) {
+        self.flush_table(table);
+    }
+
     /// An empty planner.
     pub fn new() -> Self {
         Planner::default()
@@ -194,7 +207,7 @@ impl Planner {
                         }
                     }
                 }
-                let partial = meta.columns.iter().any(|c| !after.contains_key(c));
+                let partial = partial(&after, meta);
                 self.offer(
                     meta,
                     k,

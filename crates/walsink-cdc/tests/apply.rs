@@ -996,3 +996,134 @@ async fn an_integer_key_spelled_two_ways_in_one_flush_applies_as_the_newest() {
     );
     t.drop_schema().await;
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn a_snapshot_read_at_position_0_is_applied() {
+    // The lowest rank there is (a read at position 0) is above "no watermark".
+    let mut t = Target::new("read0", "").await;
+    t.admin
+        .batch_execute(&format!(
+            "INSERT INTO {}.t VALUES (3, 'by hand', 30)",
+            t.schema
+        ))
+        .await
+        .unwrap();
+    t.epoch(&[
+        ev("r", 0, None, Some((1, "zero"))),
+        ev("r", 5, None, Some((2, "five"))),
+        ev("r", 0, None, Some((3, "over the hand-written row"))),
+    ])
+    .await
+    .unwrap();
+    t.epoch(&[ev("r", 0, None, Some((4, "later epoch")))])
+        .await
+        .unwrap();
+    assert_eq!(
+        t.rows().await,
+        vec![
+            row(1, "zero"),
+            row(2, "five"),
+            row(3, "over the hand-written row"),
+            row(4, "later epoch")
+        ]
+    );
+    // Bookkeeping of an earlier version (a watermark that may not be NULL) is brought up to
+    // date by the next sink to connect.
+    t.admin
+        .batch_execute(&format!(
+            "UPDATE {s}.walsink_cdc_tables SET truncated_at = -9223372036854775808 WHERE truncated_at IS NULL; \
+             ALTER TABLE {s}.walsink_cdc_tables ALTER COLUMN truncated_at SET NOT NULL; \
+             DELETE FROM {s}.walsink_cdc_tables",
+            s = t.schema
+        ))
+        .await
+        .unwrap();
+    t.sink = CdcSink::connect(Config::from_url(&format!("{SHARED}?schema={}", t.schema)).unwrap())
+        .await
+        .unwrap();
+    t.epoch(&[ev("r", 0, None, Some((5, "after the upgrade")))])
+        .await
+        .unwrap();
+    assert_eq!(t.rows().await.len(), 5);
+    t.drop_schema().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn two_spellings_of_one_key_across_steps_apply_in_rank_order() {
+    // In order, so the runs would go unguarded, were it not for the second spelling: the
+    // delete or the partial image of one key spelled another way must still win.
+    let mut t = Target::new("spell2", "").await;
+    t.admin
+        .batch_execute(&format!(
+            "CREATE TABLE {}.u (id uuid PRIMARY KEY, v text, n int)",
+            t.schema
+        ))
+        .await
+        .unwrap();
+    let e = |table: &str, op: &str, lsn: u64, before: Value, after: Value| {
+        json!({"before": before, "after": after, "op": op,
+               "source": {"table": table, "lsn": lsn}})
+    };
+    let n = Value::Null;
+    t.epoch(&[
+        e("t", "c", 10, n.clone(), json!({"id": 7, "v": "a", "n": 10})),
+        e("t", "d", 11, json!({"id": "07"}), n.clone()),
+        e(
+            "t",
+            "c",
+            12,
+            n.clone(),
+            json!({"id": 8, "v": "full", "n": 10}),
+        ),
+        e("t", "u", 13, n.clone(), json!({"id": "08", "n": 13})),
+        e(
+            "t",
+            "c",
+            14,
+            n.clone(),
+            json!({"id": "09", "v": "full", "n": 10}),
+        ),
+        e("t", "u", 15, n.clone(), json!({"id": 9, "n": 15})),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(
+        t.rows().await,
+        vec![
+            (8, Some("full".to_string()), Some(13)),
+            (9, Some("full".to_string()), Some(15))
+        ]
+    );
+    let lower = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+    t.epoch(&[
+        e(
+            "u",
+            "c",
+            20,
+            n.clone(),
+            json!({"id": lower.to_uppercase(), "v": "x", "n": 1}),
+        ),
+        e("u", "d", 21, json!({"id": lower}), n.clone()),
+    ])
+    .await
+    .unwrap();
+    let left: i64 = t
+        .admin
+        .query_one(&format!("SELECT count(*) FROM {}.u", t.schema), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        left, 0,
+        "a uuid deleted in lower case came back from its capitals"
+    );
+    t.drop_schema().await;
+}

@@ -416,9 +416,11 @@ impl CdcSink {
         let mut highs = Highs::new();
         let mut planner = Planner::new();
         let flush_at = max_held.min(PIPELINE_HELD);
+        // The first flush of the epoch is sent sooner, so the server starts early.
+        let first_at = max_held.min(PIPELINE_FIRST);
         // Tables whose held events include a key not in its one spelling.
         let mut mixed: std::collections::HashSet<String> = Default::default();
-        let mut inflight: Option<InFlight<'_>> = None;
+        let mut inflight = InFlights::default();
         let mut chunks = AsyncChunks::new(epoch);
         while let Some(chunk) = chunks.next().await {
             let chunk = chunk
@@ -443,14 +445,14 @@ impl CdcSink {
                 {
                     // A flush in flight that failed aborted the transaction, and this is only
                     // the echo ("current transaction is aborted"): its own error says why.
-                    wait(inflight.take(), stats).await?;
+                    inflight.wait_all(stats).await?;
                     return Err(e);
                 }
                 let mut ev = ev;
                 if let Err(e) =
                     same_key_update(&tx, &tables[&ev.table], &schema, &mut ev, rec.position).await
                 {
-                    wait(inflight.take(), stats).await?;
+                    inflight.wait_all(stats).await?;
                     return Err(e);
                 }
                 // A partial image must land on top of the earlier events of its key. The
@@ -478,23 +480,44 @@ impl CdcSink {
                         rec.position.checkpoint, rec.position.index
                     ))
                 })?;
-                if planner.held() >= flush_at {
-                    // The flush before this one is done first (at most one in flight).
-                    wait(inflight.take(), stats).await?;
+                let due = if inflight.sent == 0 {
+                    first_at
+                } else {
+                    flush_at
+                };
+                if planner.held() >= due {
+                    // At most MAX_IN_FLIGHT flushes wait for their answers.
+                    inflight.make_room(stats).await?;
                     let steps = planner.drain();
                     mixed.clear();
-                    let ready =
-                        statements_for(&tx, statements, tables, &schema, &mut highs, steps, stats)
-                            .await?;
-                    inflight = start(&tx, ready).await?;
+                    let ready = match statements_for(
+                        &tx, statements, tables, &schema, &mut highs, steps, stats,
+                    )
+                    .await
+                    {
+                        Ok(ready) => ready,
+                        Err(e) => {
+                            inflight.wait_all(stats).await?;
+                            return Err(e);
+                        }
+                    };
+                    inflight.push(start(&tx, ready).await?);
                 }
             }
         }
-        wait(inflight, stats).await?;
         let steps = planner.drain();
-        let ready =
-            statements_for(&tx, statements, tables, &schema, &mut highs, steps, stats).await?;
-        wait(start(&tx, ready).await?, stats).await?;
+        let ready = match statements_for(&tx, statements, tables, &schema, &mut highs, steps, stats)
+            .await
+        {
+            Ok(ready) => ready,
+            Err(e) => {
+                inflight.wait_all(stats).await?;
+                return Err(e);
+            }
+        };
+        inflight.push(start(&tx, ready).await?);
+        inflight.wait_all(stats).await?;
+        drop(inflight);
         store_highs(&tx, &schema, &highs).await?;
         stats.planning += started.elapsed().saturating_sub(stats.statements - before);
         let committing = std::time::Instant::now();
@@ -553,17 +576,19 @@ async fn table_meta(
     at: RecordPosition,
     add_missing: bool,
 ) -> Result<(), SinkError> {
-    let qualified = format!("{}.{}", ident(schema), ident(&ev.table));
+    let qualified = || format!("{}.{}", ident(schema), ident(&ev.table));
     if !tables.contains_key(&ev.table) {
         let meta = load_meta(tx, schema, &ev.table).await?.ok_or_else(|| {
             SinkError::permanent(format!(
-                "table {qualified} does not exist in the target ({}); create it with the source's columns and primary key",
+                "table {} does not exist in the target ({}); create it with the source's columns and primary key",
+                qualified(),
                 where_(ev, at)
             ))
         })?;
         if meta.meta.key.is_empty() {
             return Err(SinkError::permanent(format!(
-                "table {qualified} has no primary key ({}); changes are applied by primary key",
+                "table {} has no primary key ({}); changes are applied by primary key",
+                qualified(),
                 where_(ev, at)
             )));
         }
@@ -577,16 +602,19 @@ async fn table_meta(
     };
     if image.is_some_and(|r| r.contains_key(POS)) {
         return Err(SinkError::permanent(format!(
-            "the event carries column {POS:?}, which is walsink's own in {qualified} ({})",
+            "the event carries column {POS:?}, which is walsink's own in {} ({})",
+            qualified(),
             where_(ev, at)
         )));
     }
+    // Most events carry the table's columns: checked without allocating.
+    if image.is_none_or(|r| r.keys().all(|c| meta.columns.iter().any(|t| t == c))) {
+        return Ok(());
+    }
+    let qualified = qualified();
     let missing: Vec<String> = image
         .map(|r| meta.missing(r).into_iter().map(str::to_string).collect())
         .unwrap_or_default();
-    if missing.is_empty() {
-        return Ok(());
-    }
     if !add_missing {
         return Err(SinkError::permanent(format!(
             "table {qualified} has no column {:?} ({}); add the column, or set add_missing_columns=true on the sink",
@@ -1044,6 +1072,45 @@ fn run_floors(steps: &[Step], tables: &HashMap<String, Target>) -> HashMap<usize
 /// Changes held before a flush is sent while the rest of the epoch is read: the server runs
 /// one flush's statements while the sink parses and plans the next.
 const PIPELINE_HELD: usize = 2048;
+
+/// Changes held before an epoch's first flush is sent: smaller, so the server starts soon.
+const PIPELINE_FIRST: usize = 512;
+
+/// Flushes sent and not yet answered, at most: the server works through one while the next
+/// waits queued behind it, and the sink parses on.
+const MAX_IN_FLIGHT: usize = 2;
+
+/// The flushes of an epoch that are sent and not yet answered, oldest first.
+#[derive(Default)]
+struct InFlights<'a> {
+    queue: std::collections::VecDeque<InFlight<'a>>,
+    /// Flushes sent in this epoch so far.
+    sent: usize,
+}
+
+impl<'a> InFlights<'a> {
+    fn push(&mut self, f: Option<InFlight<'a>>) {
+        self.sent += 1;
+        self.queue.extend(f);
+    }
+
+    /// Waits for the oldest flushes until fewer than [`MAX_IN_FLIGHT`] are left.
+    async fn make_room(&mut self, stats: &mut Stats) -> Result<(), SinkError> {
+        while self.queue.len() >= MAX_IN_FLIGHT {
+            wait(self.queue.pop_front(), stats).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every flush, oldest first: the first error is the one that aborted the
+    /// transaction (the later ones are its echo).
+    async fn wait_all(&mut self, stats: &mut Stats) -> Result<(), SinkError> {
+        while let Some(f) = self.queue.pop_front() {
+            wait(Some(f), stats).await?;
+        }
+        Ok(())
+    }
+}
 
 /// A flush's statements, sent and not yet answered.
 type InFlight<'a> = std::pin::Pin<Box<dyn Future<Output = Result<(), SinkError>> + Send + 'a>>;

@@ -162,6 +162,15 @@ fn escaped(s: &str, out: &mut String) {
 /// The text `numeric` writes for the JSON number literal `lit`: no exponent, the scale the
 /// literal implies (`1.50e1` is `15.0`, `1e3` is `1000`), no sign on zero.
 pub(crate) fn numeric_text(lit: &str) -> String {
+    // The common case, a plain integer (`7`, `-12`), is written as it is.
+    let unsigned = lit.strip_prefix('-').unwrap_or(lit);
+    if lit == "0"
+        || (!unsigned.is_empty()
+            && !unsigned.starts_with('0')
+            && unsigned.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return lit.to_string();
+    }
     let (neg, rest) = match lit.strip_prefix('-') {
         Some(r) => (true, r),
         None => (false, lit),

@@ -490,32 +490,17 @@ impl CdcSink {
                     inflight.make_room(stats).await?;
                     let steps = planner.drain();
                     mixed.clear();
-                    let ready = match statements_for(
-                        &tx, statements, tables, &schema, &mut highs, steps, stats,
-                    )
-                    .await
-                    {
-                        Ok(ready) => ready,
-                        Err(e) => {
-                            inflight.wait_all(stats).await?;
-                            return Err(e);
-                        }
-                    };
-                    inflight.push(start(&tx, ready).await?);
+                    let ready =
+                        statements_for(&tx, statements, tables, &schema, &mut highs, steps, stats)
+                            .await;
+                    inflight.send(&tx, ready, stats).await?;
                 }
             }
         }
         let steps = planner.drain();
-        let ready = match statements_for(&tx, statements, tables, &schema, &mut highs, steps, stats)
-            .await
-        {
-            Ok(ready) => ready,
-            Err(e) => {
-                inflight.wait_all(stats).await?;
-                return Err(e);
-            }
-        };
-        inflight.push(start(&tx, ready).await?);
+        let ready =
+            statements_for(&tx, statements, tables, &schema, &mut highs, steps, stats).await;
+        inflight.send(&tx, ready, stats).await?;
         inflight.wait_all(stats).await?;
         drop(inflight);
         store_highs(&tx, &schema, &highs).await?;
@@ -1089,9 +1074,26 @@ struct InFlights<'a> {
 }
 
 impl<'a> InFlights<'a> {
-    fn push(&mut self, f: Option<InFlight<'a>>) {
+    /// Sends a flush's statements and keeps what is to be answered. A flush that could not be
+    /// made ready (a catalog query, a prepare or a truncate failed) may have met an earlier
+    /// flush's failure ("current transaction is aborted"): that failure is the one reported.
+    async fn send(
+        &mut self,
+        tx: &'a Transaction<'_>,
+        ready: Result<Vec<Ready>, SinkError>,
+        stats: &mut Stats,
+    ) -> Result<(), SinkError> {
+        let ready = match ready {
+            Ok(ready) => ready,
+            Err(e) => {
+                self.wait_all(stats).await?;
+                return Err(e);
+            }
+        };
+        let f = start(tx, ready).await?;
         self.sent += 1;
         self.queue.extend(f);
+        Ok(())
     }
 
     /// Waits for the oldest flushes until fewer than [`MAX_IN_FLIGHT`] are left.

@@ -9,22 +9,11 @@ use walsink::{MemoryCommitStore, Options, WalSink};
 use walsink_cdc::{CdcSink, Config};
 use walsink_tokio::conformance::{self, Harness};
 
-const SHARED: &str = "postgres://postgres@127.0.0.1:5432/test";
+mod common;
+use common::{admin, SHARED};
 
 fn unique(tag: &str) -> String {
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("cdc_{tag}_{}_{:x}", std::process::id(), n & 0xffffff)
-}
-
-async fn admin() -> tokio_postgres::Client {
-    let (c, conn) = tokio_postgres::connect(SHARED, tokio_postgres::NoTls)
-        .await
-        .expect("the shared PostgreSQL at 127.0.0.1:5432 answers");
-    tokio::spawn(conn);
-    c
+    common::unique("cdc", tag)
 }
 
 /// A schema of its own with table `t (id int primary key, v text, n int)`.

@@ -19,22 +19,11 @@ use walsink::{MemoryCommitStore, Options, WalSink};
 use walsink_cdc::event::{self, EventError, PositionField};
 use walsink_cdc::{CdcSink, Config};
 
-const SHARED: &str = "postgres://postgres@127.0.0.1:5432/test";
+mod common;
+use common::{admin, SHARED};
 
 fn unique(tag: &str) -> String {
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("p7_{tag}_{}_{:x}", std::process::id(), n & 0xffffff)
-}
-
-async fn admin() -> tokio_postgres::Client {
-    let (c, conn) = tokio_postgres::connect(SHARED, tokio_postgres::NoTls)
-        .await
-        .expect("local PostgreSQL");
-    tokio::spawn(conn);
-    c
+    common::unique("p7", tag)
 }
 
 fn q(ident: &str) -> String {

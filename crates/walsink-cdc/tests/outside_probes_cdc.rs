@@ -7,22 +7,11 @@ use std::sync::Arc;
 use walsink::{MemoryCommitStore, Options, WalSink};
 use walsink_cdc::{CdcSink, Config};
 
-const SHARED: &str = "postgres://postgres@127.0.0.1:5432/test";
+mod common;
+use common::{admin, SHARED};
 
 fn unique(tag: &str) -> String {
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("probe_{tag}_{}_{:x}", std::process::id(), n & 0xffffff)
-}
-
-async fn admin() -> tokio_postgres::Client {
-    let (c, conn) = tokio_postgres::connect(SHARED, tokio_postgres::NoTls)
-        .await
-        .expect("local PostgreSQL");
-    tokio::spawn(conn);
-    c
+    common::unique("probe", tag)
 }
 
 struct Lab {

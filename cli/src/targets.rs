@@ -37,29 +37,36 @@ pub(crate) trait Target {
     }
 }
 
-/// The target for a `--sink` URL, or `None` when `spec` is not a URL this build knows.
 /// Runs a start-up call to a target again while it fails with a retryable error (a
-/// connection the server dropped, a restart under way), for up to 5 s with backoff, so that a
-/// blip at start does not end the run; a permanent error, or one that lasts, is returned.
+/// connection the server dropped, a restart under way), for up to 5 s with the project's
+/// backoff ([`walsink::RetryPolicy`], 50 ms to 1 s), so that a blip at start does not end the
+/// run; a permanent error, or one that lasts, is returned.
 pub(crate) fn retry_at_start<T>(
     mut f: impl FnMut() -> Result<T, walsink::SinkError>,
 ) -> Result<T, walsink::SinkError> {
+    let policy = walsink::RetryPolicy {
+        initial: std::time::Duration::from_millis(50),
+        max: std::time::Duration::from_secs(1),
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let mut wait = std::time::Duration::from_millis(50);
+    let mut rng = fastrand::Rng::new();
+    let mut attempt = 0;
     loop {
+        attempt += 1;
+        let wait = policy.delay(attempt, &mut rng);
         match f() {
             Err(e)
                 if e.class() == walsink::SinkErrorClass::Retryable
                     && std::time::Instant::now() + wait < deadline =>
             {
-                std::thread::sleep(wait);
-                wait = (wait * 2).min(std::time::Duration::from_secs(1));
+                std::thread::sleep(wait)
             }
             other => return other,
         }
     }
 }
 
+/// The target for a `--sink` URL, or `None` when `spec` is not a URL this build knows.
 pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {
     let (scheme, _) = spec.split_once("://")?;
     #[allow(clippy::match_single_binding)]

@@ -21,9 +21,13 @@ pub(crate) fn parse(spec: &str) -> CliResult<Box<dyn Target>> {
 }
 
 impl Postgres {
+    /// A sink of this target, not yet connected.
+    fn sink(&self) -> CliResult<BlockingSink<PgSink>> {
+        Ok(BlockingSink::new(PgSink::new(self.config.clone()))?)
+    }
+
     fn run<T>(&self, f: impl AsyncFnOnce(&mut PgSink) -> T) -> CliResult<T> {
-        let mut sink = BlockingSink::new(PgSink::new(self.config.clone()))?;
-        Ok(sink.block_on(f))
+        Ok(self.sink()?.block_on(f))
     }
 }
 
@@ -33,7 +37,7 @@ impl Target for Postgres {
     }
 
     fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
-        let mut sink = BlockingSink::new(PgSink::new(self.config.clone()))?;
+        let mut sink = self.sink()?;
         super::retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()))?;
         Ok(Box::new(sink))
@@ -41,7 +45,7 @@ impl Target for Postgres {
 
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
         let marker = self.config.marker_table.name().plain();
-        let mut sink = BlockingSink::new(PgSink::new(self.config.clone()))?;
+        let mut sink = self.sink()?;
         let markers =
             super::retry_at_start(|| sink.block_on(async |s| s.committed(sink_id, subtask).await))
                 .map_err(|e| format!("cannot read what {} holds: {e}", self.shown()))?;

@@ -426,7 +426,7 @@ impl CdcSink {
             let chunk = chunk
                 .map_err(|e| SinkError::retryable(format!("read the epoch: {e}")).with_source(e))?;
             for rec in chunk.records() {
-                let Some(ev) = event::parse(&rec.data, &position).map_err(|error| {
+                let Some(mut ev) = event::parse(&rec.data, &position).map_err(|error| {
                     SinkError::permanent(
                         BadEvent {
                             checkpoint: rec.position.checkpoint,
@@ -440,21 +440,11 @@ impl CdcSink {
                     continue;
                 };
                 stats.events += 1;
-                if let Err(e) =
-                    table_meta(&tx, tables, &schema, &ev, rec.position, add_missing).await
-                {
-                    // A flush in flight that failed aborted the transaction, and this is only
-                    // the echo ("current transaction is aborted"): its own error says why.
-                    inflight.wait_all(stats).await?;
-                    return Err(e);
-                }
-                let mut ev = ev;
-                if let Err(e) =
-                    same_key_update(&tx, &tables[&ev.table], &schema, &mut ev, rec.position).await
-                {
-                    inflight.wait_all(stats).await?;
-                    return Err(e);
-                }
+                let r = table_meta(&tx, tables, &schema, &ev, rec.position, add_missing).await;
+                inflight.earlier_failure_first(r, stats).await?;
+                let r =
+                    same_key_update(&tx, &tables[&ev.table], &schema, &mut ev, rec.position).await;
+                inflight.earlier_failure_first(r, stats).await?;
                 // A partial image must land on top of the earlier events of its key. The
                 // planner sees to that for one spelling of the key; when some key of the
                 // table came in another spelling, the table's run is cut first.
@@ -1028,10 +1018,10 @@ fn statement_sql(schema: &str, target: &Target, shape: Shape, columns: &[String]
 }
 
 /// The lowest rank of each run of a table's steps that no truncate of the table cuts, by the
-/// index of the run's first step; `i64::MIN` (so the run goes guarded) when a key in the run
-/// is not in its one spelling: two spellings of one key in two steps would otherwise meet
-/// unguarded, in the steps' order instead of their ranks'.
-fn run_floors(steps: &[Step], tables: &HashMap<String, Target>) -> HashMap<usize, i64> {
+/// index of the run's first step; `i64::MIN` (so the run goes guarded) when a step of the run
+/// holds a key not in its one spelling (`spelled[i]` false): two spellings of one key in two
+/// steps would otherwise meet unguarded, in the steps' order instead of their ranks'.
+fn run_floors(steps: &[Step], spelled: &[bool]) -> HashMap<usize, i64> {
     let mut open: HashMap<&str, usize> = HashMap::new();
     let mut floors: HashMap<usize, i64> = HashMap::new();
     for (i, step) in steps.iter().enumerate() {
@@ -1041,7 +1031,7 @@ fn run_floors(steps: &[Step], tables: &HashMap<String, Target>) -> HashMap<usize
             }
             Step::Deletes { table, rows } | Step::Upserts { table, rows, .. } => {
                 let first = *open.entry(table.as_str()).or_insert(i);
-                let low = if one_spelling(&tables[table], rows) {
+                let low = if spelled[i] {
                     rows.iter().map(|c| c.rank).min().unwrap_or(i64::MAX)
                 } else {
                     i64::MIN
@@ -1076,24 +1066,33 @@ struct InFlights<'a> {
 impl<'a> InFlights<'a> {
     /// Sends a flush's statements and keeps what is to be answered. A flush that could not be
     /// made ready (a catalog query, a prepare or a truncate failed) may have met an earlier
-    /// flush's failure ("current transaction is aborted"): that failure is the one reported.
+    /// flush's failure: see [`InFlights::earlier_failure_first`].
     async fn send(
         &mut self,
         tx: &'a Transaction<'_>,
         ready: Result<Vec<Ready>, SinkError>,
         stats: &mut Stats,
     ) -> Result<(), SinkError> {
-        let ready = match ready {
-            Ok(ready) => ready,
-            Err(e) => {
-                self.wait_all(stats).await?;
-                return Err(e);
-            }
-        };
+        let ready = self.earlier_failure_first(ready, stats).await?;
         let f = start(tx, ready).await?;
         self.sent += 1;
         self.queue.extend(f);
         Ok(())
+    }
+
+    /// `r`, unless it failed while flushes were in flight and one of them failed first: a
+    /// failed flush aborts the transaction, and a query made after it fails only as its echo
+    /// ("current transaction is aborted", which would be taken as retryable), so the flush's
+    /// own error is the one that says why.
+    async fn earlier_failure_first<T>(
+        &mut self,
+        r: Result<T, SinkError>,
+        stats: &mut Stats,
+    ) -> Result<T, SinkError> {
+        if r.is_err() {
+            self.wait_all(stats).await?;
+        }
+        r
     }
 
     /// Waits for the oldest flushes until fewer than [`MAX_IN_FLIGHT`] are left.
@@ -1186,7 +1185,17 @@ async fn statements_for(
     stats: &mut Stats,
 ) -> Result<Vec<Ready>, SinkError> {
     let started = std::time::Instant::now();
-    let floors = run_floors(&steps, tables);
+    // Whether each step's keys are each in their one spelling.
+    let spelled: Vec<bool> = steps
+        .iter()
+        .map(|step| match step {
+            Step::Truncate { .. } => true,
+            Step::Deletes { table, rows } | Step::Upserts { table, rows, .. } => {
+                one_spelling(&tables[table], rows)
+            }
+        })
+        .collect();
+    let floors = run_floors(&steps, &spelled);
     let r = async {
         let mut ready = Vec::new();
         // The guard of each table's current run.
@@ -1229,7 +1238,7 @@ async fn statements_for(
             let shape = Shape {
                 kind,
                 guarded,
-                one_spelling: one_spelling(target, &rows),
+                one_spelling: spelled[i],
             };
             let statement = prepare(tx, statements, schema, target, shape, &columns).await?;
             ready.push(build(target, shape, &columns, rows, statement, schema));

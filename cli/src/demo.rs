@@ -313,13 +313,13 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
         );
     }
     if lost == 0 && dup == 0 && foreign == 0 {
-        println!(
+        outln!(
             "verified: {} records delivered exactly once (0 lost, 0 duplicated) across {crashes} crashes",
             args.records
         );
         Ok(ExitCode::SUCCESS)
     } else {
-        println!(
+        outln!(
             "FAILED: {} records, {lost} lost, {dup} duplicated, {foreign} unexpected, across {crashes} crashes (seed {seed}, files in {})",
             args.records,
             base.display()

@@ -266,13 +266,13 @@ pub fn run(args: CdcDemoArgs) -> CliResult<ExitCode> {
         made - args.rows
     ));
     if cmp.identical() && applied == last_events {
-        println!(
+        outln!(
             "verified: replica identical to source ({} rows, {applied} changes applied exactly once) across {crashes} crashes",
             cmp.source_rows
         );
         Ok(ExitCode::SUCCESS)
     } else {
-        println!(
+        outln!(
             "FAILED: source {} rows, replica {} rows, {} missing from the replica, {} extra; markers account for {applied} events of {last_events} captured ({made} changes made); {crashes} crashes (seed {seed})",
             cmp.source_rows, cmp.replica_rows, cmp.missing, cmp.extra
         );

@@ -4,6 +4,15 @@
 //! I/O errors (a directory that is not a log, a target that keeps failing). JSON goes to
 //! stdout, logs and progress to stderr.
 
+/// `println!` that returns the write's error instead of panicking: a reader that went away
+/// (`walsink verify --json DIR | head`) ends the command quietly (see `is_broken_pipe`).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+
 #[cfg(feature = "cdc")]
 mod cdc;
 mod deliver;

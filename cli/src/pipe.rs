@@ -493,7 +493,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
                 _ => args.sink.clone(),
             },
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     }
     if partial > 0 {
         eprintln!(

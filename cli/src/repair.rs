@@ -57,11 +57,12 @@ pub fn repair(dir: &Path, force: bool, committed: Option<u64>, json: bool) -> Cl
         .into());
     };
     let mut doc = json!({"dir": dir.display().to_string(), "changed": false});
-    let say = |doc: &mut Value, text: String, key: &str, value: Value| {
+    let say = |doc: &mut Value, text: String, key: &str, value: Value| -> std::io::Result<()> {
         if !json {
-            println!("{text}");
+            outln!("{text}");
         }
         doc[key] = value;
+        Ok(())
     };
     if r.ok {
         say(
@@ -69,9 +70,9 @@ pub fn repair(dir: &Path, force: bool, committed: Option<u64>, json: bool) -> Cl
             format!("{}: nothing to repair", dir.display()),
             "nothing_to_repair",
             json!(true),
-        );
+        )?;
         if json {
-            println!("{}", serde_json::to_string_pretty(&doc)?);
+            outln!("{}", serde_json::to_string_pretty(&doc)?);
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -92,7 +93,7 @@ pub fn repair(dir: &Path, force: bool, committed: Option<u64>, json: bool) -> Cl
             ),
             "commit_store",
             json!({"set_aside": aside, "committed": mark}),
-        );
+        )?;
         doc["changed"] = json!(true);
     }
     let opts = Options::new(&sink_id).subtask(subtask).create(false);
@@ -137,17 +138,17 @@ pub fn repair(dir: &Path, force: bool, committed: Option<u64>, json: bool) -> Cl
                 ),
                 key,
                 json!({"segment": d.segment, "offset": d.offset, "reason": d.reason.to_string()}),
-            );
+            )?;
         }
     }
     for m in &report.moved_aside {
         if !json {
-            println!("moved aside: {m}");
+            outln!("moved aside: {m}");
         }
     }
     doc["moved_aside"] = json!(report.moved_aside);
     if !report.checkpoints_dropped.is_empty() && !json {
-        println!("checkpoints dropped: {:?}", report.checkpoints_dropped);
+        outln!("checkpoints dropped: {:?}", report.checkpoints_dropped);
     }
     doc["checkpoints_dropped"] = json!(report.checkpoints_dropped);
     say(
@@ -160,11 +161,11 @@ pub fn repair(dir: &Path, force: bool, committed: Option<u64>, json: bool) -> Cl
         ),
         "bytes_after_cut",
         json!(report.bytes_after_cut),
-    );
+    )?;
     doc["unsealed_records_dropped"] = json!(report.unsealed_records_dropped);
     doc["pending"] = json!(report.pending);
     if json {
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
     }
     Ok(ExitCode::SUCCESS)
 }

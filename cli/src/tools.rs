@@ -106,10 +106,10 @@ pub fn verify(dir: &Path, json: bool, quiet: bool) -> CliResult<ExitCode> {
     let r = walsink::verify(&st)?;
     pb.finish_and_clear();
     if json {
-        println!("{}", serde_json::to_string_pretty(&report_json(&r))?);
+        outln!("{}", serde_json::to_string_pretty(&report_json(&r))?);
     } else {
         let segs: u64 = r.segments.iter().map(|s| s.1).sum();
-        println!(
+        outln!(
             "{}: {} ({} bytes), {} records, {}, committed through {}",
             dir.display(),
             plural(r.segments.len() as u64, "segment"),
@@ -119,12 +119,15 @@ pub fn verify(dir: &Path, json: bool, quiet: bool) -> CliResult<ExitCode> {
             r.committed.map_or("-".into(), |c| c.to_string())
         );
         for p in &r.problems {
-            println!(
+            outln!(
                 "problem: {} offset {}: {} ({})",
-                p.segment, p.offset, p.kind, p.detail
+                p.segment,
+                p.offset,
+                p.kind,
+                p.detail
             );
         }
-        println!("{}", if r.ok { "ok" } else { "problems found" });
+        outln!("{}", if r.ok { "ok" } else { "problems found" });
     }
     Ok(if r.ok {
         ExitCode::SUCCESS
@@ -210,7 +213,7 @@ pub fn inspect(dir: &Path, json: bool, sink: Option<&str>) -> CliResult<ExitCode
                 "sink": t.shown, "committed": t.committed, "epochs": t.epochs, "status": t.status,
             });
         }
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(code);
     }
     let mut out = std::io::stdout().lock();

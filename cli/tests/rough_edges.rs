@@ -399,3 +399,44 @@ fn a_log_whose_creation_was_killed_is_created_by_the_next_run() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("not a walsink log"), "{}", stderr(&o));
 }
+
+/// A reader that went away (`walsink verify --json DIR | head`) ends a tool quietly: exit 0,
+/// no panic, whatever the tool had left to print.
+#[test]
+fn tools_end_quietly_when_their_reader_goes_away() {
+    let d = tempfile::tempdir().unwrap();
+    let (inp, wal, out) = (
+        d.path().join("in.txt"),
+        d.path().join("wal"),
+        d.path().join("out"),
+    );
+    write_lines(&inp, &lines("p", 0, 300));
+    let o = run_pipe(&inp, &wal, &out, &["--checkpoint-every", "7"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let w = s(&wal);
+    for args in [
+        vec!["verify", "--json", w],
+        vec!["verify", w],
+        vec!["inspect", "--json", w],
+        vec!["inspect", w],
+        vec!["dump", w],
+        vec!["repair", w],
+        vec!["repair", "--json", w],
+    ] {
+        // The read end is closed before the tool starts: its first write fails with EPIPE.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = Command::new(env!("CARGO_BIN_EXE_walsink"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success() && !stderr(&o).contains("panicked"),
+            "walsink {args:?} into a closed pipe: {:?}\n{}",
+            o.status,
+            stderr(&o)
+        );
+    }
+}

@@ -13,8 +13,10 @@
 //! apply (median of the rounds, with min–max). Needs a PostgreSQL: `WALSINK_BENCH_URL`
 //! (default the shared server, `postgres://postgres@127.0.0.1:5432/test`).
 //!
-//! `cargo bench -p walsink-cdc --bench apply` (`-- --events N --rounds R --epoch E`, and
-//! `--no-naive` to leave the naive apply out, for profiling).
+//! `cargo bench -p walsink-cdc --bench apply` (`-- --events N --rounds R --epoch E`,
+//! `--no-naive` to leave the naive apply out, for profiling, and `--inserts-as-updates` to send
+//! new keys as `u` events instead of Debezium's `c`, which the sink may insert without a
+//! conflict check).
 
 use serde_json::json;
 use std::sync::Arc;
@@ -23,9 +25,10 @@ use tokio_postgres::{Client, NoTls};
 use walsink::{MemoryCommitStore, Options, WalSink};
 use walsink_cdc::{CdcSink, Config};
 
-/// An event: op, id, old id (key change), values.
+/// An event: a new key (`c`), a change of a live key (`u`), a delete (`d`).
 #[derive(Clone)]
 enum Ev {
+    Ins { id: i32, v: String, n: i32 },
     Up { id: i32, v: String, n: i32 },
     Del { id: i32 },
 }
@@ -40,7 +43,7 @@ fn workload(n: usize, seed: u64) -> Vec<Ev> {
         if r < 70 || live.is_empty() {
             next += 1;
             live.push(next);
-            out.push(Ev::Up {
+            out.push(Ev::Ins {
                 id: next,
                 v: format!("value {next} {}", "x".repeat(20)),
                 n: 1,
@@ -71,8 +74,15 @@ fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
     }
 }
 
-fn line(e: &Ev, lsn: u64) -> Vec<u8> {
+/// The event's Debezium JSON; `inserts_as` is the op a new key's event carries (`c`, as
+/// Debezium writes it; `u` to measure the apply without its plain-insert path).
+fn line(e: &Ev, lsn: u64, inserts_as: &str) -> Vec<u8> {
     let (op, before, after) = match e {
+        Ev::Ins { id, v, n } => (
+            inserts_as,
+            serde_json::Value::Null,
+            json!({"id": id, "v": v, "n": n}),
+        ),
         Ev::Up { id, v, n } => (
             "u",
             serde_json::Value::Null,
@@ -132,8 +142,8 @@ async fn walsink_round(
     let d = t.elapsed();
     let st = sink.stats();
     eprintln!(
-        "  (walsink round: {d:.2?} = planning {:.2?} + statements {:.2?} ({} sent) + commits {:.2?} + the rest)",
-        st.planning, st.statements, st.sent, st.committing
+        "  (walsink round: {d:.2?} = planning {:.2?} + statements {:.2?} ({} sent, {} plain inserts) + commits {:.2?} + the rest)",
+        st.planning, st.statements, st.sent, st.inserts, st.committing
     );
     assert_eq!(n, lines.len().div_ceil(epoch));
     d
@@ -143,7 +153,7 @@ fn final_state(evs: &[Ev]) -> (Vec<(i32, String, i32)>, Vec<i32>) {
     let mut m = std::collections::BTreeMap::new();
     for e in evs {
         match e {
-            Ev::Up { id, v, n } => {
+            Ev::Ins { id, v, n } | Ev::Up { id, v, n } => {
                 m.insert(*id, Some((v.clone(), *n)));
             }
             Ev::Del { id } => {
@@ -209,7 +219,9 @@ async fn naive_round(c: &mut Client, schema: &str, evs: &[Ev], epoch: usize) -> 
         let tx = c.transaction().await.unwrap();
         for e in chunk {
             match e {
-                Ev::Up { id, v, n } => tx.execute(&up, &[id, v, n]).await.unwrap(),
+                Ev::Ins { id, v, n } | Ev::Up { id, v, n } => {
+                    tx.execute(&up, &[id, v, n]).await.unwrap()
+                }
                 Ev::Del { id } => tx.execute(&del, &[id]).await.unwrap(),
             };
         }
@@ -240,6 +252,12 @@ fn main() {
     let epoch = arg("--epoch", 5_000).max(1);
     // `--no-naive`: leave the slow naive apply out (to profile the other two).
     let skip_naive = args.iter().any(|a| a == "--no-naive");
+    // `--inserts-as-updates`: new keys come as `u` events (no plain inserts).
+    let inserts_as = if args.iter().any(|a| a == "--inserts-as-updates") {
+        "u"
+    } else {
+        "c"
+    };
     let url = std::env::var("WALSINK_BENCH_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -250,7 +268,7 @@ fn main() {
     rt.block_on(async {
         let mut c = connect(&url).await;
         let evs = workload(events, 42);
-        let lines: Vec<Vec<u8>> = evs.iter().enumerate().map(|(i, e)| line(e, 1000 + i as u64)).collect();
+        let lines: Vec<Vec<u8>> = evs.iter().enumerate().map(|(i, e)| line(e, 1000 + i as u64, inserts_as)).collect();
         let state = final_state(&evs);
         let schema = format!("cdc_bench_{}", std::process::id());
         let (mut w, mut f, mut nv) = (Vec::new(), Vec::new(), Vec::new());

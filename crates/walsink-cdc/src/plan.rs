@@ -49,6 +49,13 @@ pub struct Change {
     pub row: Row,
     /// The event's place in the log.
     pub at: RecordPosition,
+    /// An upsert whose key's first event since the table's run began was a create or a
+    /// snapshot read (`c`, `r`): the source says the key had no row then, so a replica that
+    /// has applied everything before holds none either, and a plain insert (no conflict
+    /// check) would do. A caller that takes this must cope with the key being there after
+    /// all (rows written outside the change stream, a snapshot read twice). Always false for
+    /// a delete.
+    pub created: bool,
 }
 
 /// One set-based statement of a plan.
@@ -108,6 +115,9 @@ enum Kind {
 struct Winner {
     kind: Kind,
     change: Change,
+    /// The key's first event in the current run was a create or a snapshot read (what
+    /// `change.created` says of an upsert, kept across a delete winner too).
+    created: bool,
 }
 
 /// Reduces a stream of events to [`Step`]s; see the module docs.
@@ -187,7 +197,13 @@ impl Planner {
                 let before = e.before.as_ref().expect("the parser checked before");
                 let k = key_of(before, meta, "before")?;
                 let row = key_columns(before, meta);
-                self.offer(meta, k, Kind::Delete, Change { rank, row, at }, false);
+                let change = Change {
+                    rank,
+                    row,
+                    at,
+                    created: false,
+                };
+                self.offer(meta, k, Kind::Delete, change, false, false);
             }
             Op::Create | Op::Read | Op::Update => {
                 let after = e.after.expect("the parser checked after");
@@ -203,39 +219,55 @@ impl Planner {
                         let old = key_of(before, meta, "before")?;
                         if old != k {
                             let row = key_columns(before, meta);
-                            self.offer(meta, old, Kind::Delete, Change { rank, row, at }, false);
+                            let change = Change {
+                                rank,
+                                row,
+                                at,
+                                created: false,
+                            };
+                            self.offer(meta, old, Kind::Delete, change, false, false);
                         }
                     }
                 }
                 let partial = partial(&after, meta);
-                self.offer(
-                    meta,
-                    k,
-                    Kind::Upsert,
-                    Change {
-                        rank,
-                        row: after,
-                        at,
-                    },
-                    partial,
-                );
+                let created = matches!(e.op, Op::Create | Op::Read);
+                let change = Change {
+                    rank,
+                    row: after,
+                    at,
+                    created: false,
+                };
+                self.offer(meta, k, Kind::Upsert, change, partial, created);
             }
         }
         Ok(())
     }
 
-    fn offer(&mut self, meta: &TableMeta, k: String, kind: Kind, change: Change, partial: bool) {
+    /// Keeps `change` as the key's winner if it is the newest. `created`: the event is a
+    /// create or a snapshot read; what counts for the winner is whether the key's first event
+    /// in the run was one (the row the run starts from).
+    fn offer(
+        &mut self,
+        meta: &TableMeta,
+        k: String,
+        kind: Kind,
+        change: Change,
+        partial: bool,
+        created: bool,
+    ) {
         if !self.tables.contains_key(&meta.name) {
             self.tables.insert(meta.name.clone(), HashMap::new());
         }
         let keys = self.tables.get_mut(&meta.name).expect("inserted above");
-        let (flush_first, new_key) = match keys.get(&k) {
+        let (flush_first, new_key, created) = match keys.get(&k) {
             // Changes nothing, whatever the row holds.
             Some(w) if change.rank <= w.change.rank => return,
             // A partial image must land on what the earlier event left (the earlier image, or
-            // no row after a delete): flush, then keep it.
-            Some(_) => (partial, false),
-            None => (false, true),
+            // no row after a delete): flush, then keep it. The new run starts from that row,
+            // which the earlier event's kind tells.
+            Some(w) if partial => (true, false, matches!(w.kind, Kind::Delete) && created),
+            Some(w) => (false, false, w.created),
+            None => (false, true, created),
         };
         if flush_first {
             self.flush_table(&meta.name);
@@ -244,7 +276,16 @@ impl Planner {
             Some(keys) => keys,
             None => self.tables.entry(meta.name.clone()).or_default(),
         };
-        keys.insert(k, Winner { kind, change });
+        let mut change = change;
+        change.created = created && matches!(kind, Kind::Upsert);
+        keys.insert(
+            k,
+            Winner {
+                kind,
+                change,
+                created,
+            },
+        );
         if new_key || flush_first {
             self.held += 1;
         }
@@ -462,6 +503,75 @@ mod tests {
             panic!("{steps:?}")
         };
         assert_eq!(rows[0].row["v"], 2);
+    }
+
+    /// A key's upsert is marked created when the key's first event in the run is a create or
+    /// a snapshot read, whatever came after it; any other first event (an update, a delete)
+    /// means the row may be there.
+    #[test]
+    fn created_follows_the_first_event_of_each_key_in_the_run() {
+        let m = meta();
+        let created = |events: &[Event]| -> Vec<(i64, bool)> {
+            let mut p = Planner::new();
+            for (i, e) in events.iter().enumerate() {
+                p.push(e.clone(), &m, at(i as u64)).unwrap();
+            }
+            let mut out: Vec<(i64, bool)> = p
+                .drain()
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Upserts { rows, .. } => Some(
+                        rows.iter()
+                            .map(|r| (r.row["id"].as_i64().unwrap(), r.created))
+                            .collect::<Vec<_>>(),
+                    ),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            out.sort();
+            out
+        };
+        assert_eq!(
+            created(&[
+                ev("c", 10, None, Some((1, 1))),
+                ev("r", 11, None, Some((2, 1))),
+                ev("u", 12, None, Some((3, 1))),
+                ev("c", 13, None, Some((4, 1))),
+                ev("u", 14, None, Some((4, 2))),
+                ev("d", 15, Some((4, 2)), None),
+                ev("c", 16, None, Some((4, 3))),
+            ]),
+            vec![(1, true), (2, true), (3, false), (4, true)]
+        );
+        // A delete first: the row was there when the run began, so the create that follows
+        // must not be a plain insert.
+        assert_eq!(
+            created(&[
+                ev("d", 10, Some((1, 1)), None),
+                ev("c", 11, None, Some((1, 2))),
+            ]),
+            vec![(1, false)]
+        );
+        // A key change's new key comes from an update: not created.
+        assert_eq!(
+            created(&[ev("u", 10, Some((1, 1)), Some((2, 1)))]),
+            vec![(2, false)]
+        );
+        // An older event changes nothing, also not the flag.
+        assert_eq!(
+            created(&[
+                ev("u", 10, None, Some((1, 1))),
+                ev("c", 5, None, Some((1, 0))),
+            ]),
+            vec![(1, false)]
+        );
+        // Each drain starts new runs: a key created in an earlier flush is there now.
+        let mut p = Planner::new();
+        p.push(ev("c", 10, None, Some((1, 1))), &m, at(0)).unwrap();
+        assert!(matches!(&p.drain()[0], Step::Upserts { rows, .. } if rows[0].created));
+        p.push(ev("u", 11, None, Some((1, 2))), &m, at(1)).unwrap();
+        assert!(matches!(&p.drain()[0], Step::Upserts { rows, .. } if !rows[0].created));
     }
 
     #[test]

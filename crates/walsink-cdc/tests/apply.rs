@@ -518,6 +518,82 @@ async fn in_order_epochs_go_unguarded_and_anything_reaching_back_goes_guarded() 
     t.drop_schema().await;
 }
 
+/// Keys the source created (`c`, `r`) in an unguarded run go as a plain insert. When such a
+/// key is in the table after all (a row written outside the change stream), the insert fails,
+/// the epoch's transaction rolls back, and the sink applies the epoch again with upserts; the
+/// table gets upserts from then on. A key whose run begins with another event is upserted from
+/// the start.
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn created_keys_are_inserted_and_a_key_already_there_turns_the_table_to_upserts() {
+    let mut t = Target::new("created", "").await;
+    t.epoch(&[
+        ev("c", 10, None, Some((1, "a"))),
+        ev("r", 11, None, Some((2, "b"))),
+        ev("c", 12, None, Some((3, "c"))),
+        ev("u", 13, None, Some((3, "c2"))),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(t.sink.stats().inserts, 1);
+    assert_eq!(t.rows().await, vec![row(1, "a"), row(2, "b"), row(3, "c2")]);
+    // Delete then create of a key that is there: its run begins with the delete.
+    t.epoch(&[
+        ev("d", 20, Some((1, "a")), None),
+        ev("c", 21, None, Some((1, "a2"))),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(
+        t.sink.stats().inserts,
+        1,
+        "a key that was there got a plain insert"
+    );
+    assert_eq!(t.sink.stats().refused_tables, 0);
+    // A row written outside the stream, then created by it, in an epoch that also holds a
+    // delete: nothing of the failed attempt may stay (the delete's tombstone neither).
+    t.admin
+        .batch_execute(&format!(
+            "INSERT INTO {}.t VALUES (7, 'outside', 0)",
+            t.schema
+        ))
+        .await
+        .unwrap();
+    let inserts = t.sink.stats().inserts;
+    t.epoch(&[
+        ev("c", 30, None, Some((6, "f"))),
+        ev("c", 31, None, Some((7, "g"))),
+        ev("d", 32, Some((2, "b")), None),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(t.sink.stats().refused_tables, 1);
+    assert_eq!(
+        t.sink.stats().inserts,
+        inserts + 1,
+        "the failed attempt's insert"
+    );
+    assert_eq!(t.sink.stats().epochs, 3);
+    // Every later epoch of the table upserts.
+    let inserts = t.sink.stats().inserts;
+    t.epoch(&[ev("c", 40, None, Some((8, "h")))]).await.unwrap();
+    assert_eq!(t.sink.stats().inserts, inserts);
+    assert_eq!(
+        t.rows().await,
+        vec![
+            row(1, "a2"),
+            row(3, "c2"),
+            row(6, "f"),
+            row(7, "g"),
+            row(8, "h")
+        ]
+    );
+    t.drop_schema().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(
     not(servers),
@@ -976,9 +1052,12 @@ async fn an_integer_key_spelled_two_ways_in_one_flush_applies_as_the_newest() {
     t.epoch(&[up(5, json!(7), "old"), up(6, json!("20"), "old")])
         .await
         .unwrap();
+    // `c` of keys that are there: the plain insert fails, and the epoch is applied again
+    // with upserts.
     t.epoch(&[up(30, json!(7), "h"), up(31, json!(20), "i")])
         .await
         .unwrap();
+    assert_eq!(t.sink.stats().refused_tables, 1);
     assert_eq!(
         t.rows().await,
         want(&[(0, "d"), (7, "h"), (10, "f"), (20, "i")])

@@ -438,16 +438,14 @@ impl CdcSink {
         // Tables whose held events include a key not in its one spelling.
         let mut mixed: std::collections::HashSet<String> = Default::default();
         let mut inflight = InFlights::default();
-        let mut chunks = AsyncChunks::new(epoch);
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk
-                .map_err(|e| SinkError::retryable(format!("read the epoch: {e}")).with_source(e))?;
-            for rec in chunk.records() {
-                let Some(mut ev) = event::parse(&rec.data, &position).map_err(|error| {
+        let mut parsing = ParseAhead::new(epoch, &position);
+        while let Some(batch) = parsing.next().await {
+            for (at, parsed) in batch? {
+                let Some(mut ev) = parsed.map_err(|error| {
                     SinkError::permanent(
                         BadEvent {
-                            checkpoint: rec.position.checkpoint,
-                            index: rec.position.index,
+                            checkpoint: at.checkpoint,
+                            index: at.index,
                             error,
                         }
                         .to_string(),
@@ -457,10 +455,9 @@ impl CdcSink {
                     continue;
                 };
                 stats.events += 1;
-                let r = table_meta(&tx, tables, &schema, &ev, rec.position, add_missing).await;
+                let r = table_meta(&tx, tables, &schema, &ev, at, add_missing).await;
                 inflight.earlier_failure_first(r, stats).await?;
-                let r =
-                    same_key_update(&tx, &tables[&ev.table], &schema, &mut ev, rec.position).await;
+                let r = same_key_update(&tx, &tables[&ev.table], &schema, &mut ev, at).await;
                 inflight.earlier_failure_first(r, stats).await?;
                 // A partial image must land on top of the earlier events of its key. The
                 // planner sees to that for one spelling of the key; when some key of the
@@ -481,10 +478,10 @@ impl CdcSink {
                 }
                 let source_position = ev.position;
                 let meta = &target.meta;
-                planner.push(ev, meta, rec.position).map_err(|e| {
+                planner.push(ev, meta, at).map_err(|e| {
                     SinkError::permanent(format!(
                         "event at checkpoint {}, index {} (source position {source_position}): {e}",
-                        rec.position.checkpoint, rec.position.index
+                        at.checkpoint, at.index
                     ))
                 })?;
                 let due = if inflight.sent == 0 {
@@ -1105,6 +1102,98 @@ const PIPELINE_FIRST: usize = 512;
 /// waits queued behind it, and the sink parses on.
 const MAX_IN_FLIGHT: usize = 2;
 
+/// Records parsed in one go on the blocking pool, while the sink plans the ones before.
+const PARSE_BATCH: usize = 1024;
+
+/// Batches parsed ahead of the one being planned, at most.
+const PARSE_AHEAD: usize = 2;
+
+/// One record parsed: where it is in the log, and its event (`None`: a tombstone).
+type Parsed = (RecordPosition, Result<Option<Event>, event::EventError>);
+
+/// An epoch's records parsed ahead, in batches of [`PARSE_BATCH`] on the blocking pool, at
+/// most [`PARSE_AHEAD`] batches ahead of the sink's planning (which waits for the server on
+/// the same task): parsing is most of the client's work, and it needs no order but the
+/// batches'. A chunk of fewer records than a batch is parsed in place.
+struct ParseAhead {
+    chunks: AsyncChunks,
+    /// The records of the chunk being cut into batches, and where the next batch starts.
+    records: Vec<walsink::Record>,
+    next: usize,
+    position: event::PositionField,
+    ahead: std::collections::VecDeque<tokio::task::JoinHandle<Vec<Parsed>>>,
+    /// The chunks have ended (or failed: the error is handed out after the batches before
+    /// it).
+    done: bool,
+    failed: Option<SinkError>,
+}
+
+impl ParseAhead {
+    fn new(epoch: &Epoch, position: &event::PositionField) -> ParseAhead {
+        ParseAhead {
+            chunks: AsyncChunks::new(epoch),
+            records: Vec::new(),
+            next: 0,
+            position: position.clone(),
+            ahead: Default::default(),
+            done: false,
+            failed: None,
+        }
+    }
+
+    /// The next batch of parsed records, in the epoch's order; `None` after the last.
+    async fn next(&mut self) -> Option<Result<Vec<Parsed>, SinkError>> {
+        while self.ahead.len() < PARSE_AHEAD && !self.done {
+            if self.next == self.records.len() {
+                match self.chunks.next().await {
+                    Some(Ok(chunk)) => {
+                        self.records = chunk.records().collect();
+                        self.next = 0;
+                        if self.records.len() < PARSE_BATCH && self.ahead.is_empty() {
+                            // Small: not worth a thread hand-over.
+                            let batch = std::mem::take(&mut self.records);
+                            return Some(Ok(parse_batch(batch, &self.position)));
+                        }
+                    }
+                    Some(Err(e)) => {
+                        self.done = true;
+                        self.failed = Some(
+                            SinkError::retryable(format!("read the epoch: {e}")).with_source(e),
+                        );
+                    }
+                    None => self.done = true,
+                }
+                continue;
+            }
+            let end = (self.next + PARSE_BATCH).min(self.records.len());
+            let batch: Vec<walsink::Record> = self.records[self.next..end].to_vec();
+            self.next = end;
+            if self.next == self.records.len() {
+                self.records.clear();
+                self.next = 0;
+            }
+            let position = self.position.clone();
+            self.ahead.push_back(tokio::task::spawn_blocking(move || {
+                parse_batch(batch, &position)
+            }));
+        }
+        match self.ahead.pop_front() {
+            Some(h) => Some(
+                h.await
+                    .map_err(|e| SinkError::retryable(format!("parse the epoch's events: {e}"))),
+            ),
+            None => self.failed.take().map(Err),
+        }
+    }
+}
+
+fn parse_batch(batch: Vec<walsink::Record>, position: &event::PositionField) -> Vec<Parsed> {
+    batch
+        .into_iter()
+        .map(|rec| (rec.position, event::parse(&rec.data, position)))
+        .collect()
+}
+
 /// The flushes of an epoch that are sent and not yet answered, oldest first.
 #[derive(Default)]
 struct InFlights<'a> {
@@ -1406,8 +1495,19 @@ fn build(
             .iter()
             .map(|_| Vec::with_capacity(rows.len()))
             .collect();
+        // An upsert's rows carry exactly its columns, and `sent` lists them in the rows'
+        // order (by name), so each row is taken apart in one pass; a delete's key columns
+        // are in key order.
+        let in_row_order = sent.iter().map(String::as_str).is_sorted();
         for change in rows {
             let mut row = change.row;
+            if in_row_order && row.len() == sent.len() {
+                for (((c, v), kind), array) in row.into_iter().zip(&kinds).zip(&mut arrays) {
+                    debug_assert!(sent.contains(&c), "{c} is not a column of the step");
+                    array.push(kind.text_of(Some(v)));
+                }
+                continue;
+            }
             for ((c, kind), array) in sent.iter().zip(&kinds).zip(&mut arrays) {
                 array.push(kind.text_of(row.remove(c)));
             }

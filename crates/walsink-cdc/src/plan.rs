@@ -256,7 +256,9 @@ impl Planner {
         created: bool,
     ) {
         if !self.tables.contains_key(&meta.name) {
-            self.tables.insert(meta.name.clone(), HashMap::new());
+            // Sized for a flush, so a large one does not grow it step by step.
+            self.tables
+                .insert(meta.name.clone(), HashMap::with_capacity(1024));
         }
         let keys = self.tables.get_mut(&meta.name).expect("inserted above");
         let (flush_first, new_key, created) = match keys.get(&k) {

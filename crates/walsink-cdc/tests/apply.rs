@@ -28,6 +28,14 @@ struct Target {
 
 impl Target {
     async fn new(tag: &str, params: &str) -> Target {
+        Target::with_options(tag, params, |o| o).await
+    }
+
+    async fn with_options(
+        tag: &str,
+        params: &str,
+        options: impl FnOnce(Options) -> Options,
+    ) -> Target {
         let schema = unique(tag);
         let admin = admin().await;
         admin
@@ -41,7 +49,7 @@ impl Target {
         let dir = tempfile::tempdir().unwrap();
         let (wal, _) = WalSink::open_with(
             Arc::new(walsink::storage::FsStorage::new(dir.path()).unwrap()),
-            Options::new(&schema),
+            options(Options::new(&schema)),
             Box::new(MemoryCommitStore::new()),
         )
         .unwrap();
@@ -819,6 +827,43 @@ async fn a_bad_event_in_a_large_epoch_stops_it_whole_and_promptly() {
     let msg = t.wal.health().last_error.unwrap_or_default();
     assert!(msg.contains("checkpoint 1, index 1000"), "{msg}");
     assert_eq!(t.rows().await, vec![]);
+    t.drop_schema().await;
+}
+
+/// Events are parsed ahead in batches, chunk by chunk: with read chunks of 4 KiB, an epoch of
+/// thousands of events spans hundreds of chunks and batches, applied in order to the exact
+/// source state, and a bad event deep in it is named by its own position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn an_epoch_of_many_chunks_is_parsed_ahead_in_order() {
+    let mut t = Target::with_options("chunks", "", |o| o.read_chunk_size(4096)).await;
+    let mut want = std::collections::BTreeMap::new();
+    let mut events = Vec::new();
+    for i in 0..6_000u64 {
+        let id = (i % 1_500) as i32;
+        let v = format!("v{i}");
+        let e = if i % 7 == 3 {
+            want.remove(&id);
+            ev("d", 10 + i, Some((id, "")), None)
+        } else {
+            want.insert(id, v.clone());
+            ev("u", 10 + i, None, Some((id, &v)))
+        };
+        events.push(e);
+    }
+    t.epoch(&events).await.unwrap();
+    let got = t.rows().await;
+    let want: Vec<_> = want.iter().map(|(id, v)| row(*id, v)).collect();
+    assert_eq!(got, want);
+    let mut bad = events.clone();
+    bad[4_321] = json!({"op": "c", "source": {"table": "t"}});
+    assert!(t.epoch(&bad).await.is_err());
+    let msg = t.wal.health().last_error.unwrap_or_default();
+    assert!(msg.contains("checkpoint 2, index 4321"), "{msg}");
+    assert_eq!(t.rows().await, want, "part of the failed epoch stayed");
     t.drop_schema().await;
 }
 

@@ -70,6 +70,62 @@ fn full_disk_is_a_typed_error_and_recovers_after_space_is_freed() {
     assert!(v.ok, "{:?}", v.problems);
 }
 
+/// Delivery frees segments only after it records the commit, and that record is a new file:
+/// on a disk with no block left it would fail for ever, and the log could never drain what
+/// fills the disk. The reserve an open log keeps (`RESERVE`) makes room for it: with the disk
+/// full, every complete epoch is delivered, segments are freed, and a reopened log appends
+/// again, without anyone freeing space by hand.
+#[test]
+fn a_full_disk_drains_through_delivery_by_itself() {
+    if !need_root("full_disk_drains") {
+        return;
+    }
+    let fs = Tmpfs::mount("2m");
+    let wal_dir = fs.0.join("wal");
+    let o = opts("drain").segment_size(128 << 10);
+    let (wal, _) = WalSink::open(&wal_dir, o.clone()).unwrap();
+    let mut complete = Vec::new();
+    'outer: for cp in 1..100_000u64 {
+        for i in 0..40 {
+            if wal
+                .append(format!("cp {cp} rec {i} {}", "f".repeat(200)).as_bytes())
+                .is_err()
+            {
+                break 'outer;
+            }
+        }
+        if wal.checkpoint(cp, b"").is_err() {
+            break;
+        }
+        wal.checkpoint_complete(cp).unwrap();
+        complete.push(cp);
+    }
+    assert!(complete.len() > 20, "{complete:?}");
+    // The disk is full: nothing more fits.
+    assert!(std::fs::write(fs.0.join("probe"), vec![0u8; 8192]).is_err());
+    let mut sink = MemorySink::new();
+    let n = wal.deliver_ready(&mut sink).expect("delivery drains a full disk");
+    assert_eq!(n, complete.len());
+    assert_eq!(sink.records().len(), complete.len() * 40);
+    drop(wal);
+    // Reopened (the poisoned handle is gone), the log takes appends again in the room the
+    // delivered segments left, and the reserve is back.
+    let (wal, report) = WalSink::open(&wal_dir, o).unwrap();
+    assert!(report.pending.is_empty(), "{report:?}");
+    for i in 0..200 {
+        wal.append(format!("after {i} {}", "a".repeat(200)).as_bytes())
+            .unwrap();
+    }
+    wal.checkpoint(1_000_000, b"").unwrap();
+    wal.checkpoint_complete(1_000_000).unwrap();
+    let mut sink = MemorySink::new();
+    assert_eq!(wal.deliver_ready(&mut sink).unwrap(), 1);
+    assert_eq!(sink.records().len(), 200);
+    assert!(wal_dir.join("RESERVE").exists());
+    let v = walsink::verify(&walsink::storage::FsStorage::new(&wal_dir).unwrap()).unwrap();
+    assert!(v.ok, "{:?}", v.problems);
+}
+
 fn chattr(flag: &str, p: &Path) {
     assert!(Command::new("chattr")
         .arg(flag)

@@ -44,6 +44,8 @@ pub struct LocalCommitStore {
     sink_id: String,
     subtask: u32,
     cached: Option<Option<u64>>,
+    /// The directory's reserve is known to be there (see [`storage::reserve`]).
+    reserved: bool,
 }
 
 impl LocalCommitStore {
@@ -54,6 +56,7 @@ impl LocalCommitStore {
             sink_id: sink_id.to_string(),
             subtask,
             cached: None,
+            reserved: false,
         }
     }
 
@@ -89,13 +92,26 @@ impl CommitStore for LocalCommitStore {
         if current.is_some_and(|c| c >= checkpoint) {
             return Ok(());
         }
-        storage::replace_file(
-            &*self.storage,
-            COMMIT_FILE,
-            &format::encode_commit(Some(checkpoint)),
-        )
+        let data = format::encode_commit(Some(checkpoint));
+        let st = &*self.storage;
+        let mut released = false;
+        match storage::replace_file(st, COMMIT_FILE, &data) {
+            // The disk is full: the reserve kept room for this record, which lets delivery
+            // free the segments that fill it.
+            Err(e) if storage::reserve::is_full(&e) && storage::reserve::release(st) => {
+                released = true;
+                self.reserved = false;
+                storage::replace_file(st, COMMIT_FILE, &data)
+            }
+            r => r,
+        }
         .map_err(|e| Error::io("record a commit in the commit store", e))?;
         self.cached = Some(Some(checkpoint));
+        // The reserve comes back at a later record, once delivery may have freed room (not
+        // now: it would take the room the next record needs).
+        if !self.reserved && !released {
+            self.reserved = storage::reserve::keep(st);
+        }
         Ok(())
     }
 }

@@ -11,6 +11,9 @@ pub const IDENTITY_FILE: &str = "WALSINK";
 pub const COMMIT_FILE: &str = "COMMITTED";
 /// The lock file, held while a handle is open.
 pub const LOCK_FILE: &str = "LOCK";
+/// Room kept for the commit mark on a full disk: zeros, removed to make the mark that lets
+/// delivery free segments (see [`crate::storage::reserve`]).
+pub const RESERVE_FILE: &str = "RESERVE";
 /// Extension of a segment.
 pub(crate) const SEGMENT_EXT: &str = "wseg";
 /// Extension of a segment kept for reuse.

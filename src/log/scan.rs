@@ -13,8 +13,8 @@ use crate::log::format::{
     self, FrameError, FrameKind, HeaderError, Position, Seed, FRAME_ALIGN, SEGMENT_HEADER_LEN,
 };
 use crate::log::layout::{
-    leading_seq, COMMIT_FILE, DAMAGED_SUFFIX, FREE_EXT, IDENTITY_FILE, LOCK_FILE, SEGMENT_EXT,
-    TMP_SUFFIX,
+    leading_seq, COMMIT_FILE, DAMAGED_SUFFIX, FREE_EXT, IDENTITY_FILE, LOCK_FILE, RESERVE_FILE,
+    SEGMENT_EXT, TMP_SUFFIX,
 };
 use crate::log::window::Window;
 use crate::storage::Storage;
@@ -161,7 +161,7 @@ pub(crate) fn scan(storage: &dyn Storage) -> Result<Scan> {
             scan.has_commit_mark = true;
         } else if name == IDENTITY_FILE {
             scan.has_identity = true;
-        } else if name != LOCK_FILE {
+        } else if name != LOCK_FILE && name != RESERVE_FILE {
             scan.unexpected.push(name);
         }
     }

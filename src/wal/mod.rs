@@ -164,6 +164,8 @@ impl WalSink {
         options.sanitize()?;
         let lock = bootstrap::take_lock(&*storage)?;
         let fresh = bootstrap::check_identity(&*storage, &options)?;
+        // Room for the commit mark on a full disk (best effort: a full disk has none to give).
+        crate::storage::reserve::keep(&*storage);
         let mut committed = store.last_committed(&options.sink_id, options.subtask)?;
         let floor = if store.survives_restart() {
             None

@@ -48,6 +48,8 @@ pub struct CdcSink {
     /// Tables where a created key was found already there: they get upserts for the rest of
     /// the sink's life (see [`INSERT`]).
     refused: Refused,
+    /// The stats before the delivery that began last (to take back a dropped one's counts).
+    counted: Stats,
 }
 
 /// Tables that no longer get plain inserts (see [`INSERT`]); shared with the flushes in
@@ -63,7 +65,9 @@ impl std::fmt::Debug for CdcSink {
     }
 }
 
-/// What a sink applied since it was made, and where its time went.
+/// What a sink applied since it was made, and where its time went. The counts are of
+/// committed epochs: an attempt that failed or was rolled back (also the one the sink applies
+/// again itself after a refused insert) is not counted; the times include every attempt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Time spent reading, parsing and planning events (wall clock, in the epoch's
@@ -90,11 +94,25 @@ pub struct Stats {
     pub refused_tables: u64,
 }
 
+impl Stats {
+    /// Takes back the counts of an attempt that did not commit: they return to `before`.
+    fn uncount(&mut self, before: &Stats) {
+        self.events = before.events;
+        self.sent = before.sent;
+        self.unguarded = before.unguarded;
+        self.inserts = before.inserts;
+    }
+}
+
 /// A target table as the statements need it: the planner's view and how each column's values
 /// are sent.
 #[derive(Debug)]
 struct Target {
     meta: TableMeta,
+    /// The names of the primary key's index and of its partitions' indexes, when it is
+    /// checked at once (not deferred): plain inserts go only into such a table, and a unique
+    /// violation naming one of them is a key that was there (see [`INSERT`]).
+    key_index: Option<Vec<String>>,
     kinds: HashMap<String, ColumnKind>,
     /// How each key column (in key order) is written canonically in tombstones.
     canon: Vec<Canon>,
@@ -251,6 +269,7 @@ impl CdcSink {
             stats: Stats::default(),
             unfinished: false,
             refused: Refused::default(),
+            counted: Stats::default(),
         };
         s.client().await?;
         Ok(s)
@@ -440,8 +459,11 @@ impl CdcSink {
         let mut inflight = InFlights::default();
         let mut parsing = ParseAhead::new(epoch, &position);
         while let Some(batch) = parsing.next().await {
-            for (at, parsed) in batch? {
-                let Some(mut ev) = parsed.map_err(|error| {
+            // Every failure here waits for the flushes in flight: one of them may have failed
+            // first, at an earlier record, and that is the one to report.
+            let batch = inflight.earlier_failure_first(batch, stats).await?;
+            for (at, parsed) in batch {
+                let parsed = parsed.map_err(|error| {
                     SinkError::permanent(
                         BadEvent {
                             checkpoint: at.checkpoint,
@@ -450,8 +472,8 @@ impl CdcSink {
                         }
                         .to_string(),
                     )
-                })?
-                else {
+                });
+                let Some(mut ev) = inflight.earlier_failure_first(parsed, stats).await? else {
                     continue;
                 };
                 stats.events += 1;
@@ -478,12 +500,13 @@ impl CdcSink {
                 }
                 let source_position = ev.position;
                 let meta = &target.meta;
-                planner.push(ev, meta, at).map_err(|e| {
+                let pushed = planner.push(ev, meta, at).map_err(|e| {
                     SinkError::permanent(format!(
                         "event at checkpoint {}, index {} (source position {source_position}): {e}",
                         at.checkpoint, at.index
                     ))
-                })?;
+                });
+                inflight.earlier_failure_first(pushed, stats).await?;
                 let due = if inflight.sent == 0 {
                     first_at
                 } else {
@@ -536,8 +559,13 @@ impl AsyncSink for CdcSink {
             // forget what it may have changed in the catalog.
             self.tables.clear();
             self.statements.clear();
+            // A dropped delivery counted what it read: take that back.
+            let counted = self.counted;
+            self.stats.uncount(&counted);
         }
         let mut before = self.refused.lock().expect("not poisoned").len();
+        let counted = self.stats;
+        self.counted = counted;
         let mut r = self.apply(epoch).await;
         // A plain insert met a key that was there after all: its transaction rolled back, and
         // the table gets upserts now. Apply the epoch again (once more per such table at
@@ -550,7 +578,11 @@ impl AsyncSink for CdcSink {
             before = now;
             self.tables.clear();
             self.statements.clear();
+            self.stats.uncount(&counted);
             r = self.apply(epoch).await;
+        }
+        if r.is_err() {
+            self.stats.uncount(&counted);
         }
         self.unfinished = r.is_err();
         r
@@ -722,13 +754,23 @@ async fn load_meta(
     }
     let key = tx
         .query(
-            "SELECT a.attname::text FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, n), pg_attribute a \
+            "SELECT a.attname::text, i.indimmediate, \
+               ARRAY(SELECT c.relname::text FROM pg_class c WHERE c.oid = i.indexrelid \
+                 OR c.oid IN (SELECT relid FROM pg_partition_tree(i.indexrelid))) \
+             FROM pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(attnum, n), pg_attribute a \
              WHERE i.indrelid = to_regclass($1) AND i.indisprimary AND a.attrelid = i.indrelid AND a.attnum = k.attnum \
              ORDER BY k.n",
             &[&q],
         )
         .await
         .map_err(|e| classify(e, &format!("read the primary key of {q}")))?;
+    // The key's index (and its partitions' indexes), named in the unique violation of a
+    // plain insert that met a key; an index checked at commit (a deferrable key) would fail
+    // the commit instead.
+    let key_index = key
+        .first()
+        .filter(|r| r.get::<_, bool>(1))
+        .map(|r| r.get::<_, Vec<String>>(2));
     let key: Vec<String> = key.iter().map(|r| r.get(0)).collect();
     let canon = key
         .iter()
@@ -744,6 +786,7 @@ async fn load_meta(
         })
         .collect();
     Ok(Some(Target {
+        key_index,
         meta: TableMeta {
             name: table.to_string(),
             columns: cols,
@@ -1264,8 +1307,9 @@ struct Ready {
     params: Params,
     /// What it does, for its error.
     context: String,
-    /// A plain insert: the table to refuse plain inserts from now on if a key is there.
-    refuse: Option<(Refused, String)>,
+    /// A plain insert: the table to refuse plain inserts from now on if a key is there, and
+    /// the indexes of its key (a unique violation naming another index is no such key).
+    refuse: Option<(Refused, String, Vec<String>)>,
 }
 
 /// A statement's parameters (see [`statement_sql`]).
@@ -1390,6 +1434,7 @@ async fn statements_for(
             let (created, rows): (Vec<_>, Vec<_>) = if kind == UPSERT
                 && !shape.guarded
                 && shape.one_spelling
+                && tables[&table].key_index.is_some()
                 && !refused.lock().expect("not poisoned").contains(&table)
             {
                 rows.into_iter().partition(|c| c.created)
@@ -1464,7 +1509,8 @@ impl Pending {
         let statement = prepare(tx, statements, schema, target, shape, &columns).await?;
         let mut r = build(target, shape, &columns, rows, statement, schema);
         if shape.kind == INSERT {
-            r.refuse = Some((refused.clone(), table));
+            let indexes = target.key_index.clone().unwrap_or_default();
+            r.refuse = Some((refused.clone(), table, indexes));
         }
         Ok(r)
     }
@@ -1538,8 +1584,11 @@ async fn send_all(tx: &Transaction<'_>, ready: Vec<Ready>) -> Result<(), SinkErr
         tx.execute(&r.statement, &params)
             .await
             .map_err(|e| match &r.refuse {
-                Some((refused, table))
-                    if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) =>
+                Some((refused, table, indexes))
+                    if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+                        && e.as_db_error()
+                            .and_then(|d| d.constraint())
+                            .is_some_and(|c| indexes.iter().any(|i| i == c)) =>
                 {
                     refused.lock().expect("not poisoned").insert(table.clone());
                     SinkError::retryable(format!(
@@ -1769,6 +1818,7 @@ mod tests {
     #[test]
     fn unguarded_statements_and_one_spelling() {
         let target = Target {
+            key_index: None,
             meta: TableMeta {
                 name: "items".into(),
                 columns: vec!["id".into(), "name".into()],
@@ -1840,17 +1890,20 @@ mod tests {
         }
         assert!(!one_spelling(&target, &[change(json!("7"))]));
         let other = Target {
+            key_index: None,
             spellings: vec![Spelling::Other],
             ..target
         };
         assert!(!one_spelling(&other, &[change(number("7"))]));
         let text = Target {
+            key_index: None,
             spellings: vec![Spelling::Text],
             ..other
         };
         assert!(one_spelling(&text, &[change(json!("7"))]));
         assert!(!one_spelling(&text, &[change(number("7"))]));
         let uuid = Target {
+            key_index: None,
             spellings: vec![Spelling::Uuid],
             ..text
         };
@@ -1886,6 +1939,7 @@ mod tests {
         })
         .collect();
         let mut target = Target {
+            key_index: None,
             meta,
             kinds,
             canon: vec![Canon::AsIs],

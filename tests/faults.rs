@@ -104,7 +104,9 @@ fn a_full_disk_drains_through_delivery_by_itself() {
     // The disk is full: nothing more fits.
     assert!(std::fs::write(fs.0.join("probe"), vec![0u8; 8192]).is_err());
     let mut sink = MemorySink::new();
-    let n = wal.deliver_ready(&mut sink).expect("delivery drains a full disk");
+    let n = wal
+        .deliver_ready(&mut sink)
+        .expect("delivery drains a full disk");
     assert_eq!(n, complete.len());
     assert_eq!(sink.records().len(), complete.len() * 40);
     drop(wal);

@@ -13,14 +13,12 @@
 
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
-use walsink::{MemoryCommitStore, Options, WalSink};
 use walsink_cdc::event::{self, EventError, PositionField};
 use walsink_cdc::{CdcSink, Config};
 
 mod common;
-use common::{admin, SHARED};
+use common::{admin, Feed, SHARED};
 
 fn unique(tag: &str) -> String {
     common::unique("p7", tag)
@@ -33,41 +31,7 @@ fn q(ident: &str) -> String {
 // ---------------------------------------------------------------------------------------
 // Logs and deliveries.
 
-/// One log (one sink id) whose epochs are sealed one by one.
-struct Feed {
-    wal: Arc<WalSink>,
-    _dir: tempfile::TempDir,
-    next_cp: u64,
-    id: String,
-}
-
-impl Feed {
-    fn new(id: &str) -> Feed {
-        let dir = tempfile::tempdir().unwrap();
-        let (wal, _) = WalSink::open_with(
-            Arc::new(walsink::storage::FsStorage::new(dir.path()).unwrap()),
-            Options::new(id).read_chunk_size(64 << 10),
-            Box::new(MemoryCommitStore::new()),
-        )
-        .unwrap();
-        Feed {
-            wal: Arc::new(wal),
-            _dir: dir,
-            next_cp: 1,
-            id: id.to_string(),
-        }
-    }
-
-    fn seal(&mut self, events: &[String]) {
-        self.wal
-            .append_batch(events.iter().map(|e| e.as_bytes()))
-            .unwrap();
-        let cp = self.next_cp;
-        self.next_cp += 1;
-        self.wal.checkpoint(cp, b"m").unwrap();
-        self.wal.checkpoint_complete(cp).unwrap();
-    }
-
+impl common::Feed {
     async fn deliver(&self, sink: &mut CdcSink) -> Result<usize, String> {
         walsink_tokio::deliver_ready(&self.wal, sink)
             .await
@@ -824,7 +788,7 @@ async fn hand_scenarios(params: &str, tag: &str) {
     let mut model = lab.model();
     let mut problems = Vec::new();
     for (n, (name, _, epochs)) in all.iter().enumerate() {
-        let mut feed = Feed::new(&format!("{tag}{n}"));
+        let mut feed = Feed::new(&format!("{tag}{n}"), 64 << 10);
         run(
             &lab,
             &mut sink,
@@ -880,7 +844,7 @@ async fn hand_scenarios(params: &str, tag: &str) {
         ],
     ]
     .concat();
-    let mut feed = Feed::new(&format!("{tag}multi"));
+    let mut feed = Feed::new(&format!("{tag}multi"), 64 << 10);
     run(
         &lab,
         &mut sink,
@@ -899,7 +863,7 @@ async fn hand_scenarios(params: &str, tag: &str) {
         wrap(r#"{"op":"u","before":null,"after":{"id":1,"v":"un","n":1},"source":{"table":"esc","lsn":13}}"#),
         r#"{"op":"c","before":null,"after":{"id":1,"v":"stale","n":1},"source":{"table":"esc","lsn":9}}"#.to_string(),
     ]];
-    let mut feed = Feed::new(&format!("{tag}esc"));
+    let mut feed = Feed::new(&format!("{tag}esc"), 64 << 10);
     run(
         &lab,
         &mut sink,
@@ -1016,7 +980,7 @@ async fn two_spellings_of_one_key_in_one_epoch_minimal() {
                 for e in events.iter_mut() {
                     *e = e.replace("\"table\":\"T\"", &format!("\"table\":\"{tbl}\""));
                 }
-                let mut feed = Feed::new(&tbl);
+                let mut feed = Feed::new(&tbl, 64 << 10);
                 if guarded {
                     feed.seal(&[c(&tbl, 5, kp.clone(), "pin", 0)]);
                     events.push(c(&tbl, 1, kp.clone(), "pin replay", 0));
@@ -1142,7 +1106,7 @@ async fn a_read_at_position_0_is_applied() {
                 .unwrap();
             model.manual(tb, 1, "manual", 0);
         }
-        let mut feed = Feed::new("zero");
+        let mut feed = Feed::new("zero", 64 << 10);
         let mut problems = Vec::new();
         let epochs: Vec<Vec<String>> = epochs;
         if params.is_empty() {
@@ -1211,7 +1175,7 @@ async fn bookkeeping_edited_by_hand_keeps_the_guard() {
     let mut model = lab.model();
     let mut problems = Vec::new();
     let mut sink = lab.sink("").await;
-    let mut feed = Feed::new("book");
+    let mut feed = Feed::new("book", 64 << 10);
     let o = "other";
     // The newest rank of t is a delete (only a tombstone holds it).
     run(
@@ -1605,7 +1569,7 @@ async fn random_histories(
     let mut model = lab.model();
     let epochs = random_epochs(seed, events, epoch, mixed);
     let stream: Vec<String> = epochs.concat();
-    let mut feed = Feed::new(&format!("rnd{seed}"));
+    let mut feed = Feed::new(&format!("rnd{seed}"), 64 << 10);
     let mut problems = Vec::new();
     let started = std::time::Instant::now();
     run(
@@ -1761,8 +1725,8 @@ async fn two_sinks_write_the_same_tables_concurrently() {
         let params = ["", "&max_held=3", "&max_held=50", "", "&max_held=7"][round as usize];
         let mut sa = lab.sink(params).await;
         let mut sb = lab.sink("").await;
-        let mut fa = Feed::new(&format!("two{round}a"));
-        let mut fb = Feed::new(&format!("two{round}b"));
+        let mut fa = Feed::new(&format!("two{round}a"), 64 << 10);
+        let mut fb = Feed::new(&format!("two{round}b"), 64 << 10);
         let mut rng = fastrand::Rng::with_seed(round);
         let cut = |rng: &mut fastrand::Rng, l: &[String]| {
             let mut out = Vec::new();
@@ -1867,7 +1831,7 @@ async fn a_bad_change_in_a_later_flush_rolls_the_whole_epoch_back() {
         for k in 0..100u64 {
             setup.push(d("t", 5000 + k, i(k as i64 * 3)));
         }
-        let mut f0 = Feed::new("setup");
+        let mut f0 = Feed::new("setup", 64 << 10);
         run(
             &lab,
             &mut sink,
@@ -1909,7 +1873,7 @@ async fn a_bad_change_in_a_later_flush_rolls_the_whole_epoch_back() {
             }
             events[*at] = bad.clone();
             let state = snapshot_state(&lab).await;
-            let mut feed = Feed::new(&format!("bad{n}"));
+            let mut feed = Feed::new(&format!("bad{n}"), 64 << 10);
             feed.seal(&events);
             let res = tokio::time::timeout(Duration::from_secs(60), feed.deliver(&mut sink)).await;
             match res {
@@ -1939,7 +1903,7 @@ async fn a_bad_change_in_a_later_flush_rolls_the_whole_epoch_back() {
             // The same epoch without the bad change, through another log: applies, and a
             // replay of the setup changes nothing.
             events.remove(*at);
-            let mut good = Feed::new(&format!("good{n}"));
+            let mut good = Feed::new(&format!("good{n}"), 64 << 10);
             run(
                 &lab,
                 &mut sink,
@@ -1983,7 +1947,7 @@ async fn dropped_deliveries_while_flushes_are_in_flight() {
             true,
         );
         let mut history: Vec<String> = Vec::new();
-        let mut feed = Feed::new(&format!("drop{round}"));
+        let mut feed = Feed::new(&format!("drop{round}"), 64 << 10);
         let n_events = if params.contains("=3") { 2_000 } else { 8_000 };
         let cuts_ms = [1u64, 5, 15, 40, 80, 150, 300];
         for (k, cut) in cuts_ms.iter().enumerate() {
@@ -2091,7 +2055,7 @@ async fn a_new_sink_after_a_dropped_delivery_is_not_blocked() {
     let mut model = lab.model();
     let mut problems = Vec::new();
     let mut old = lab.sink("").await;
-    let mut feed = Feed::new("dropnew");
+    let mut feed = Feed::new("dropnew", 64 << 10);
     let mut g = gen(9, &[("ta", K::Int)], 5000, false, true);
     run(
         &lab,
@@ -2697,7 +2661,7 @@ async fn observation_max_held_and_flush_sizes() {
         let cfg = Config::from_url(&format!("{SHARED}?schema=x{params}")).unwrap();
         let lab = Lab::new("held", &[("t", K::Int)]).await;
         let mut sink = lab.sink(params).await;
-        let mut feed = Feed::new("held");
+        let mut feed = Feed::new("held", 64 << 10);
         let events: Vec<String> = (0..10_000)
             .map(|k| c("t", 10 + k as u64, i(k), "x", k))
             .collect();

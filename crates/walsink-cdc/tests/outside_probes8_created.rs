@@ -16,13 +16,11 @@
 
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
-use walsink::{MemoryCommitStore, Options, WalSink};
 use walsink_cdc::{CdcSink, Config, Stats};
 
 mod common;
-use common::{admin, SHARED};
+use common::{admin, Feed, SHARED};
 
 fn unique(tag: &str) -> String {
     common::unique("p8", tag)
@@ -31,40 +29,7 @@ fn unique(tag: &str) -> String {
 // ---------------------------------------------------------------------------------------
 // Logs.
 
-struct Feed {
-    wal: Arc<WalSink>,
-    _dir: tempfile::TempDir,
-    next_cp: u64,
-    id: String,
-}
-
-impl Feed {
-    fn new(id: &str, chunk: usize) -> Feed {
-        let dir = tempfile::tempdir().unwrap();
-        let (wal, _) = WalSink::open_with(
-            Arc::new(walsink::storage::FsStorage::new(dir.path()).unwrap()),
-            Options::new(id).read_chunk_size(chunk),
-            Box::new(MemoryCommitStore::new()),
-        )
-        .unwrap();
-        Feed {
-            wal: Arc::new(wal),
-            _dir: dir,
-            next_cp: 1,
-            id: id.to_string(),
-        }
-    }
-
-    fn seal(&mut self, records: &[String]) {
-        self.wal
-            .append_batch(records.iter().map(|e| e.as_bytes()))
-            .unwrap();
-        let cp = self.next_cp;
-        self.next_cp += 1;
-        self.wal.checkpoint(cp, b"m").unwrap();
-        self.wal.checkpoint_complete(cp).unwrap();
-    }
-
+impl common::Feed {
     async fn deliver(&self, sink: &mut CdcSink) -> Result<usize, String> {
         match tokio::time::timeout(
             Duration::from_secs(60),

@@ -1,5 +1,5 @@
-//! What the CDC test files share: the shared server's URL, a unique schema name, and an
-//! admin connection.
+//! What the CDC test files share: the shared server's URL, a unique schema name, an admin
+//! connection, and a log whose epochs are sealed one by one.
 #![allow(dead_code)]
 
 /// The shared PostgreSQL of the test machines.
@@ -21,4 +21,43 @@ pub async fn admin() -> tokio_postgres::Client {
         .expect("the shared PostgreSQL at 127.0.0.1:5432 answers");
     tokio::spawn(conn);
     c
+}
+
+/// One log (one sink id) whose epochs are sealed one by one, on a fresh directory, with a
+/// commit store in memory (the CDC sink keeps its own marker).
+pub struct Feed {
+    pub wal: std::sync::Arc<walsink::WalSink>,
+    _dir: tempfile::TempDir,
+    pub next_cp: u64,
+    pub id: String,
+}
+
+impl Feed {
+    /// A new log for sink id `id`, read back in chunks of `chunk` bytes.
+    pub fn new(id: &str, chunk: usize) -> Feed {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = walsink::WalSink::open_with(
+            std::sync::Arc::new(walsink::storage::FsStorage::new(dir.path()).unwrap()),
+            walsink::Options::new(id).read_chunk_size(chunk),
+            Box::new(walsink::MemoryCommitStore::new()),
+        )
+        .unwrap();
+        Feed {
+            wal: std::sync::Arc::new(wal),
+            _dir: dir,
+            next_cp: 1,
+            id: id.to_string(),
+        }
+    }
+
+    /// Appends `records` and seals them as the next epoch, complete.
+    pub fn seal(&mut self, records: &[String]) {
+        self.wal
+            .append_batch(records.iter().map(|e| e.as_bytes()))
+            .unwrap();
+        let cp = self.next_cp;
+        self.next_cp += 1;
+        self.wal.checkpoint(cp, b"m").unwrap();
+        self.wal.checkpoint_complete(cp).unwrap();
+    }
 }

@@ -50,6 +50,9 @@ pub struct CdcSink {
     refused: Refused,
     /// The stats before the delivery that began last (to take back a dropped one's counts).
     counted: Stats,
+    /// Tables (qualified) found without the guard's column: it is added in a transaction of
+    /// its own before the epoch is applied again.
+    columns_due: Refused,
 }
 
 /// Tables that no longer get plain inserts (see [`INSERT`]); shared with the flushes in
@@ -270,6 +273,7 @@ impl CdcSink {
             unfinished: false,
             refused: Refused::default(),
             counted: Stats::default(),
+            columns_due: Refused::default(),
         };
         s.client().await?;
         Ok(s)
@@ -432,6 +436,7 @@ impl CdcSink {
             statements,
             stats,
             refused,
+            columns_due,
             ..
         } = self;
         let client = client.as_mut().expect("connected above");
@@ -477,7 +482,7 @@ impl CdcSink {
                     continue;
                 };
                 stats.events += 1;
-                let r = table_meta(&tx, tables, &schema, &ev, at, add_missing).await;
+                let r = table_meta(&tx, tables, &schema, &ev, at, add_missing, columns_due).await;
                 inflight.earlier_failure_first(r, stats).await?;
                 let r = same_key_update(&tx, &tables[&ev.table], &schema, &mut ev, at).await;
                 inflight.earlier_failure_first(r, stats).await?;
@@ -548,6 +553,22 @@ impl CdcSink {
     }
 }
 
+impl CdcSink {
+    /// Adds the guard's column to each of `tables` (qualified), each in a transaction of its
+    /// own: it takes the table's strongest lock, held only for the moment the `ALTER` takes.
+    async fn add_guard_columns(&mut self, tables: Vec<String>) -> Result<(), SinkError> {
+        for q in tables {
+            let c = self.client().await?;
+            c.batch_execute(&format!(
+                "ALTER TABLE {q} ADD COLUMN IF NOT EXISTS {POS} bigint"
+            ))
+            .await
+            .map_err(|e| classify(e, &format!("add the column {POS} to {q}")))?;
+        }
+        Ok(())
+    }
+}
+
 impl AsyncSink for CdcSink {
     /// # Cancel safety
     /// Dropping the future drops the epoch's transaction uncommitted, which rolls it back
@@ -567,15 +588,26 @@ impl AsyncSink for CdcSink {
         let counted = self.stats;
         self.counted = counted;
         let mut r = self.apply(epoch).await;
-        // A plain insert met a key that was there after all: its transaction rolled back, and
-        // the table gets upserts now. Apply the epoch again (once more per such table at
-        // most: each time, one more table is refused).
+        // The epoch's transaction rolled back, and the sink can do something about why: a
+        // plain insert met a key that was there after all (the table gets upserts now), or a
+        // table lacked the guard's column (added now, in a transaction of its own). Apply the
+        // epoch again; each time one more table is refused or gets its column.
         loop {
             let now = self.refused.lock().expect("not poisoned").len();
-            if r.is_ok() || now == before {
+            let due: Vec<String> = self
+                .columns_due
+                .lock()
+                .expect("not poisoned")
+                .drain()
+                .collect();
+            if r.is_ok() || (now == before && due.is_empty()) {
                 break;
             }
             before = now;
+            if let Err(e) = self.add_guard_columns(due).await {
+                self.stats.uncount(&counted);
+                return Err(e);
+            }
             self.tables.clear();
             self.statements.clear();
             self.stats.uncount(&counted);
@@ -618,10 +650,11 @@ async fn table_meta(
     ev: &Event,
     at: RecordPosition,
     add_missing: bool,
+    due: &Refused,
 ) -> Result<(), SinkError> {
     let qualified = || format!("{}.{}", ident(schema), ident(&ev.table));
     if !tables.contains_key(&ev.table) {
-        let meta = load_meta(tx, schema, &ev.table).await?.ok_or_else(|| {
+        let meta = load_meta(tx, schema, &ev.table, due).await?.ok_or_else(|| {
             SinkError::permanent(format!(
                 "table {} does not exist in the target ({}); create it with the source's columns and primary key",
                 qualified(),
@@ -675,7 +708,7 @@ async fn table_meta(
         .await
         .map_err(|e| classify(e, &format!("add column {c:?} to {qualified}")))?;
     }
-    let meta = load_meta(tx, schema, &ev.table)
+    let meta = load_meta(tx, schema, &ev.table, due)
         .await?
         .expect("the table was there a moment ago in this transaction");
     tables.insert(ev.table.clone(), meta);
@@ -699,6 +732,7 @@ async fn load_meta(
     tx: &Transaction<'_>,
     schema: &str,
     table: &str,
+    due: &Refused,
 ) -> Result<Option<Target>, SinkError> {
     let q = format!("{}.{}", ident(schema), ident(table));
     // Each column with its type's qualified name (without its modifier: a cast to
@@ -720,18 +754,18 @@ async fn load_meta(
         .await
         .map_err(|e| classify(e, &format!("read the columns of {q}")))
     };
-    let mut rows = read().await?;
+    let rows = read().await?;
     if rows.is_empty() {
         return Ok(None);
     }
     if !rows.iter().any(|r| r.get::<_, String>(0) == POS) {
-        // The guard's hidden column, added in the epoch's transaction.
-        tx.batch_execute(&format!(
-            "ALTER TABLE {q} ADD COLUMN IF NOT EXISTS {POS} bigint"
-        ))
-        .await
-        .map_err(|e| classify(e, &format!("add the column {POS} to {q}")))?;
-        rows = read().await?;
+        // The guard's hidden column is added in a transaction of its own, and the epoch
+        // applied again: an ALTER in the epoch's transaction would lock the table against
+        // every reader until the epoch commits (see `CdcSink::deliver`).
+        due.lock().expect("not poisoned").insert(q.clone());
+        return Err(SinkError::retryable(format!(
+            "{q} has no column {POS} yet: it is added in a transaction of its own first"
+        )));
     }
     let mut cols = Vec::with_capacity(rows.len());
     let mut kinds = HashMap::with_capacity(rows.len());

@@ -650,6 +650,47 @@ async fn an_epoch_waits_for_another_writer_of_the_table_and_then_sees_its_high_w
     t.drop_schema().await;
 }
 
+/// The guard's column is added to a new table in a transaction of its own: an `ALTER` in the
+/// epoch's transaction would hold the table's strongest lock until the epoch commits, and
+/// every reader of the replica would wait for it. Here the first epoch of a table is held up
+/// (another writer holds the table's bookkeeping row), and a reader still gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn readers_are_not_locked_out_by_a_tables_first_epoch() {
+    let mut t = Target::new("firstlock", "").await;
+    let holder = admin().await;
+    holder
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO {}.walsink_cdc_tables (tbl) VALUES ('t');",
+            t.schema
+        ))
+        .await
+        .unwrap();
+    let reader = admin().await;
+    let schema = t.schema.clone();
+    let (applied, read) = tokio::join!(
+        async { t.epoch(&[ev("c", 10, None, Some((1, "a")))]).await },
+        async {
+            // Once the epoch waits for the bookkeeping row, a reader of the table answers.
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let read = reader
+                .batch_execute(&format!(
+                    "SET statement_timeout = 2000; SELECT count(*) FROM {schema}.t"
+                ))
+                .await;
+            holder.batch_execute("ROLLBACK").await.unwrap();
+            read
+        }
+    );
+    applied.unwrap();
+    read.expect("a reader waited for the first epoch of the table");
+    assert_eq!(t.rows().await, vec![row(1, "a")]);
+    t.drop_schema().await;
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(servers),

@@ -376,7 +376,10 @@ impl Lab {
                 .admin
                 .query_one(
                     &format!(
-                        "SELECT coalesce(string_agg(x::text, ',' ORDER BY x::text), '') FROM {}.{} x",
+                        // The guard's column is not data: the sink adds it to a table in a
+                        // transaction of its own before the table's first epoch.
+                        "SELECT coalesce(string_agg(r::text, ',' ORDER BY r::text), '') \
+                         FROM (SELECT to_jsonb(x) - '_walsink_pos' AS r FROM {}.{} x) y",
                         self.schema, t
                     ),
                     &[],

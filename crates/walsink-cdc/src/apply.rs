@@ -47,17 +47,18 @@ pub struct CdcSink {
     unfinished: bool,
     /// Tables where a created key was found already there: they get upserts for the rest of
     /// the sink's life (see [`INSERT`]).
-    refused: Refused,
+    refused: TableSet,
     /// The stats before the delivery that began last (to take back a dropped one's counts).
     counted: Stats,
     /// Tables (qualified) found without the guard's column: it is added in a transaction of
     /// its own before the epoch is applied again.
-    columns_due: Refused,
+    columns_due: TableSet,
 }
 
-/// Tables that no longer get plain inserts (see [`INSERT`]); shared with the flushes in
-/// flight, which add to it.
-type Refused = std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
+/// A set of table names shared with the work of an epoch that adds to it: the tables that no
+/// longer get plain inserts (added to by the flushes in flight, see [`INSERT`]), and the
+/// tables whose guard column is due (added to by the catalog reads, see `CdcSink::deliver`).
+type TableSet = std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
 
 impl std::fmt::Debug for CdcSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,8 +93,8 @@ pub struct Stats {
     pub unguarded: u64,
     /// Of those, plain inserts of rows whose keys the source created (no conflict check).
     pub inserts: u64,
-    /// Tables where a plain insert met a key that was already there (its epoch failed as
-    /// retryable, to be applied again with upserts); they get upserts from then on.
+    /// Tables where a plain insert met a key that was already there (its epoch was rolled
+    /// back and applied again at once with upserts); they get upserts from then on.
     pub refused_tables: u64,
 }
 
@@ -271,9 +272,9 @@ impl CdcSink {
             statements: HashMap::new(),
             stats: Stats::default(),
             unfinished: false,
-            refused: Refused::default(),
+            refused: TableSet::default(),
             counted: Stats::default(),
-            columns_due: Refused::default(),
+            columns_due: TableSet::default(),
         };
         s.client().await?;
         Ok(s)
@@ -573,7 +574,11 @@ impl AsyncSink for CdcSink {
     /// # Cancel safety
     /// Dropping the future drops the epoch's transaction uncommitted, which rolls it back
     /// (unless its `COMMIT` was already sent; the marker then shows the epoch in). The next
-    /// delivery forgets the table metadata the dropped one may have changed, as after an error.
+    /// delivery forgets the table metadata the dropped one may have changed, as after an error,
+    /// and takes back the counts it had added to [`Stats`]. A guard column being added in its
+    /// own transaction when the future is dropped is there or not, and the next delivery adds
+    /// it if not (`ADD COLUMN IF NOT EXISTS`). Batches being parsed on the blocking pool run to
+    /// their end and are dropped.
     async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
         if std::mem::replace(&mut self.unfinished, true) {
             // The last delivery failed or was dropped, and its transaction rolled back:
@@ -650,7 +655,7 @@ async fn table_meta(
     ev: &Event,
     at: RecordPosition,
     add_missing: bool,
-    due: &Refused,
+    due: &TableSet,
 ) -> Result<(), SinkError> {
     let qualified = || format!("{}.{}", ident(schema), ident(&ev.table));
     if !tables.contains_key(&ev.table) {
@@ -732,7 +737,7 @@ async fn load_meta(
     tx: &Transaction<'_>,
     schema: &str,
     table: &str,
-    due: &Refused,
+    due: &TableSet,
 ) -> Result<Option<Target>, SinkError> {
     let q = format!("{}.{}", ident(schema), ident(table));
     // Each column with its type's qualified name (without its modifier: a cast to
@@ -1194,9 +1199,8 @@ type Parsed = (RecordPosition, Result<Option<Event>, event::EventError>);
 /// batches'. A chunk of fewer records than a batch is parsed in place.
 struct ParseAhead {
     chunks: AsyncChunks,
-    /// The records of the chunk being cut into batches, and where the next batch starts.
-    records: Vec<walsink::Record>,
-    next: usize,
+    /// The records of the chunk being cut into batches, not yet handed to one.
+    records: std::vec::IntoIter<walsink::Record>,
     position: event::PositionField,
     ahead: std::collections::VecDeque<tokio::task::JoinHandle<Vec<Parsed>>>,
     /// The chunks have ended (or failed: the error is handed out after the batches before
@@ -1209,8 +1213,7 @@ impl ParseAhead {
     fn new(epoch: &Epoch, position: &event::PositionField) -> ParseAhead {
         ParseAhead {
             chunks: AsyncChunks::new(epoch),
-            records: Vec::new(),
-            next: 0,
+            records: Vec::new().into_iter(),
             position: position.clone(),
             ahead: Default::default(),
             done: false,
@@ -1221,16 +1224,15 @@ impl ParseAhead {
     /// The next batch of parsed records, in the epoch's order; `None` after the last.
     async fn next(&mut self) -> Option<Result<Vec<Parsed>, SinkError>> {
         while self.ahead.len() < PARSE_AHEAD && !self.done {
-            if self.next == self.records.len() {
+            if self.records.len() == 0 {
                 match self.chunks.next().await {
                     Some(Ok(chunk)) => {
-                        self.records = chunk.records().collect();
-                        self.next = 0;
-                        if self.records.len() < PARSE_BATCH && self.ahead.is_empty() {
+                        let records: Vec<walsink::Record> = chunk.records().collect();
+                        if records.len() < PARSE_BATCH && self.ahead.is_empty() {
                             // Small: not worth a thread hand-over.
-                            let batch = std::mem::take(&mut self.records);
-                            return Some(Ok(parse_batch(batch, &self.position)));
+                            return Some(Ok(parse_batch(records, &self.position)));
                         }
+                        self.records = records.into_iter();
                     }
                     Some(Err(e)) => {
                         self.done = true;
@@ -1242,13 +1244,7 @@ impl ParseAhead {
                 }
                 continue;
             }
-            let end = (self.next + PARSE_BATCH).min(self.records.len());
-            let batch: Vec<walsink::Record> = self.records[self.next..end].to_vec();
-            self.next = end;
-            if self.next == self.records.len() {
-                self.records.clear();
-                self.next = 0;
-            }
+            let batch: Vec<walsink::Record> = self.records.by_ref().take(PARSE_BATCH).collect();
             let position = self.position.clone();
             self.ahead.push_back(tokio::task::spawn_blocking(move || {
                 parse_batch(batch, &position)
@@ -1343,7 +1339,7 @@ struct Ready {
     context: String,
     /// A plain insert: the table to refuse plain inserts from now on if a key is there, and
     /// the indexes of its key (a unique violation naming another index is no such key).
-    refuse: Option<(Refused, String, Vec<String>)>,
+    refuse: Option<(TableSet, String, Vec<String>)>,
 }
 
 /// A statement's parameters (see [`statement_sql`]).
@@ -1505,7 +1501,7 @@ async fn statements_for(
 struct Tables<'a> {
     tables: &'a HashMap<String, Target>,
     schema: &'a str,
-    refused: &'a Refused,
+    refused: &'a TableSet,
 }
 
 /// One statement of a flush, before it is prepared and its parameters built.

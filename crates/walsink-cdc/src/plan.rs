@@ -115,8 +115,8 @@ enum Kind {
 struct Winner {
     kind: Kind,
     change: Change,
-    /// The key's first event in the current run was a create or a snapshot read (what
-    /// `change.created` says of an upsert, kept across a delete winner too).
+    /// The key's first event in the current run was a create or a snapshot read (kept
+    /// across a delete winner too; an upsert's `change.created` is set from it when flushed).
     created: bool,
 }
 
@@ -278,8 +278,6 @@ impl Planner {
             Some(keys) => keys,
             None => self.tables.entry(meta.name.clone()).or_default(),
         };
-        let mut change = change;
-        change.created = created && matches!(kind, Kind::Upsert);
         keys.insert(
             k,
             Winner {
@@ -307,13 +305,17 @@ impl Planner {
             match w.kind {
                 Kind::Delete => deletes.push(w.change),
                 Kind::Upsert => {
-                    let row = &w.change.row;
+                    let change = Change {
+                        created: w.created,
+                        ..w.change
+                    };
+                    let row = &change.row;
                     match upserts
                         .iter_mut()
                         .find(|(cols, _)| cols.iter().eq(row.keys()))
                     {
-                        Some((_, rows)) => rows.push(w.change),
-                        None => upserts.push((row.keys().cloned().collect(), vec![w.change])),
+                        Some((_, rows)) => rows.push(change),
+                        None => upserts.push((row.keys().cloned().collect(), vec![change])),
                     }
                 }
             }

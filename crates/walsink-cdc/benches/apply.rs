@@ -13,6 +13,15 @@
 //! apply (median of the rounds, with min–max). Needs a PostgreSQL: `WALSINK_BENCH_URL`
 //! (default the shared server, `postgres://postgres@127.0.0.1:5432/test`).
 //!
+//! Also reported, to tell the sink's own cost from the machine's noise: the CPU time of the
+//! bench process during walsink's rounds (`getrusage`: the sink's parsing, planning and
+//! encoding) and of the server process serving the sink and the floor (`/proc/PID/stat`, in
+//! clock ticks), per event, when the server runs on this machine.
+//!
+//! Each round gets a new table, with the column the sink adds at a table's first epoch
+//! already there (the steady state; `--first-epoch` leaves it out, so each walsink round also
+//! pays that one-time `ALTER TABLE`).
+//!
 //! `cargo bench -p walsink-cdc --bench apply` (`-- --events N --rounds R --epoch E`,
 //! `--no-naive` to leave the naive apply out, for profiling, and `--inserts-as-updates` to send
 //! new keys as `u` events instead of Debezium's `c`, which the sink may insert without a
@@ -96,6 +105,49 @@ fn line(e: &Ev, lsn: u64, inserts_as: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// CPU time (user + system) of this process so far.
+fn process_cpu() -> Duration {
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one `rusage` into the pointer it is given.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// CPU time (user + system) of a process on this machine, from `/proc/PID/stat`; `None` when
+/// it cannot be read (the server runs elsewhere).
+fn pid_cpu(pid: i32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command's closing parenthesis; utime and stime are the 12th and
+    // 13th of them.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+}
+
+/// The backend process of the sink's connection (found by its application name).
+async fn sink_backend(c: &Client) -> Option<i32> {
+    c.query_opt(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'walsink-cdc' \
+         AND datname = current_database() ORDER BY backend_start DESC LIMIT 1",
+        &[],
+    )
+    .await
+    .ok()
+    .flatten()
+    .map(|r| r.get(0))
+}
+
+/// A round's time and the CPU it took: the bench process's and the server process's (when
+/// it could be read).
+struct Round {
+    wall: Duration,
+    client: Duration,
+    server: Option<Duration>,
+}
+
 async fn connect(url: &str) -> Client {
     let (c, conn) = tokio_postgres::connect(url, NoTls)
         .await
@@ -104,10 +156,19 @@ async fn connect(url: &str) -> Client {
     c
 }
 
-async fn fresh(c: &Client, schema: &str) {
+/// A new table for a round. Unless `first_epoch`, it has the column the sink adds to a
+/// table at its first epoch (`_walsink_pos`), as after that epoch: the rounds then measure
+/// the steady state, not that one-time `ALTER TABLE` and the first attempt it ends. Every
+/// mode gets the same table.
+async fn fresh(c: &Client, schema: &str, first_epoch: bool) {
+    let guard = if first_epoch {
+        ""
+    } else {
+        ", _walsink_pos bigint"
+    };
     c.batch_execute(&format!(
         "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}; \
-         CREATE TABLE {schema}.t (id int PRIMARY KEY, v text, n int);"
+         CREATE TABLE {schema}.t (id int PRIMARY KEY, v text, n int{guard});"
     ))
     .await
     .unwrap();
@@ -119,8 +180,9 @@ async fn walsink_round(
     schema: &str,
     lines: &[Vec<u8>],
     epoch: usize,
-) -> Duration {
-    fresh(c, schema).await;
+    first_epoch: bool,
+) -> Round {
+    fresh(c, schema, first_epoch).await;
     let dir = tempfile::tempdir().unwrap();
     let (wal, _) = WalSink::open_with(
         Arc::new(walsink::storage::FsStorage::new(dir.path()).unwrap()),
@@ -137,16 +199,26 @@ async fn walsink_round(
     let mut sink = CdcSink::connect(Config::from_url(&format!("{url}?schema={schema}")).unwrap())
         .await
         .unwrap();
+    // Connected: the sink's backend is there to be found.
+    let backend = sink_backend(c).await;
+    let server0 = backend.and_then(pid_cpu);
+    let client0 = process_cpu();
     let t = Instant::now();
     let n = walsink_tokio::deliver_ready(&wal, &mut sink).await.unwrap();
     let d = t.elapsed();
+    let client = process_cpu() - client0;
+    let server = server0.and_then(|s0| Some(pid_cpu(backend?)? - s0));
     let st = sink.stats();
     eprintln!(
         "  (walsink round: {d:.2?} = planning {:.2?} + statements {:.2?} ({} sent, {} plain inserts) + commits {:.2?} + the rest)",
         st.planning, st.statements, st.sent, st.inserts, st.committing
     );
     assert_eq!(n, lines.len().div_ceil(epoch));
-    d
+    Round {
+        wall: d,
+        client,
+        server,
+    }
 }
 
 fn final_state(evs: &[Ev]) -> (Vec<(i32, String, i32)>, Vec<i32>) {
@@ -176,8 +248,16 @@ async fn floor_round(
     c: &mut Client,
     schema: &str,
     state: &(Vec<(i32, String, i32)>, Vec<i32>),
-) -> Duration {
-    fresh(c, schema).await;
+    first_epoch: bool,
+) -> Round {
+    fresh(c, schema, first_epoch).await;
+    let backend: Option<i32> = c
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .ok()
+        .map(|r| r.get(0));
+    let server0 = backend.and_then(pid_cpu);
+    let client0 = process_cpu();
     let t = Instant::now();
     let ids: Vec<i32> = state.0.iter().map(|r| r.0).collect();
     let vs: Vec<&str> = state.0.iter().map(|r| r.1.as_str()).collect();
@@ -199,11 +279,21 @@ async fn floor_round(
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    t.elapsed()
+    Round {
+        wall: t.elapsed(),
+        client: process_cpu() - client0,
+        server: server0.and_then(|s0| Some(pid_cpu(backend?)? - s0)),
+    }
 }
 
-async fn naive_round(c: &mut Client, schema: &str, evs: &[Ev], epoch: usize) -> Duration {
-    fresh(c, schema).await;
+async fn naive_round(
+    c: &mut Client,
+    schema: &str,
+    evs: &[Ev],
+    epoch: usize,
+    first_epoch: bool,
+) -> Duration {
+    fresh(c, schema, first_epoch).await;
     let t = Instant::now();
     let up = c
         .prepare(&format!(
@@ -252,6 +342,9 @@ fn main() {
     let epoch = arg("--epoch", 5_000).max(1);
     // `--no-naive`: leave the slow naive apply out (to profile the other two).
     let skip_naive = args.iter().any(|a| a == "--no-naive");
+    // `--first-epoch`: tables without the sink's column, so each walsink round pays the
+    // one-time work of a table's first epoch.
+    let first_epoch = args.iter().any(|a| a == "--first-epoch");
     // `--inserts-as-updates`: new keys come as `u` events (no plain inserts).
     let inserts_as = if args.iter().any(|a| a == "--inserts-as-updates") {
         "u"
@@ -272,6 +365,9 @@ fn main() {
         let state = final_state(&evs);
         let schema = format!("cdc_bench_{}", std::process::id());
         let (mut w, mut f, mut nv) = (Vec::new(), Vec::new(), Vec::new());
+        // CPU per event of walsink's rounds (client, server) and of the floor's (server).
+        let (mut wc, mut ws, mut fs) = (Vec::new(), Vec::new(), Vec::new());
+        let per_event = |d: Duration| d.as_secs_f64() * 1e6 / events as f64;
         for r in 0..rounds {
             // Rotate the order so no mode always runs first.
             for k in 0..3 {
@@ -280,9 +376,22 @@ fn main() {
                     continue;
                 }
                 match (r + k) % 3 {
-                    0 => w.push(walsink_round(&url, &c, &schema, &lines, epoch).await.as_secs_f64()),
-                    1 => f.push(floor_round(&mut c, &schema, &state).await.as_secs_f64()),
-                    _ => nv.push(naive_round(&mut c, &schema, &evs, epoch).await.as_secs_f64()),
+                    0 => {
+                        let r = walsink_round(&url, &c, &schema, &lines, epoch, first_epoch).await;
+                        w.push(r.wall.as_secs_f64());
+                        wc.push(per_event(r.client));
+                        ws.extend(r.server.map(per_event));
+                    }
+                    1 => {
+                        let r = floor_round(&mut c, &schema, &state, first_epoch).await;
+                        f.push(r.wall.as_secs_f64());
+                        fs.extend(r.server.map(per_event));
+                    }
+                    _ => nv.push(
+                        naive_round(&mut c, &schema, &evs, epoch, first_epoch)
+                            .await
+                            .as_secs_f64(),
+                    ),
                 }
             }
         }
@@ -304,6 +413,14 @@ fn main() {
         }
         let (lo, hi) = mm(&vs_floor);
         println!("  walsink / floor: {:.2}x (min {lo:.2}, max {hi:.2})", median(vs_floor.clone()));
+        let (lo, hi) = mm(&wc);
+        println!("  CPU per event, walsink's process: {:.2} us (min {lo:.2}, max {hi:.2})", median(wc.clone()));
+        if ws.len() == w.len() && fs.len() == f.len() {
+            let (lo, hi) = mm(&ws);
+            println!("  CPU per event, server for walsink: {:.2} us (min {lo:.2}, max {hi:.2})", median(ws.clone()));
+            let (lo, hi) = mm(&fs);
+            println!("  CPU per event, server for the floor: {:.2} us (min {lo:.2}, max {hi:.2})", median(fs.clone()));
+        }
         if !skip_naive {
             let (lo, hi) = mm(&vs_naive);
             println!("  walsink / naive: {:.2}x (min {lo:.2}, max {hi:.2})", median(vs_naive.clone()));

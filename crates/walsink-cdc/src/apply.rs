@@ -19,8 +19,8 @@ use crate::columns::ColumnKind;
 use crate::config::{ident, Config};
 use crate::event::{self, BadEvent, Event, Op};
 use crate::plan::{Planner, Step, TableMeta};
+use foldhash::{HashMap, HashMapExt};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::future::Future;
 use std::task::Poll;
 use tokio_postgres::{Client, Statement, Transaction};
@@ -461,7 +461,7 @@ impl CdcSink {
         // The first flush of the epoch is sent sooner, so the server starts early.
         let first_at = max_held.min(PIPELINE_FIRST);
         // Tables whose held events include a key not in its one spelling.
-        let mut mixed: std::collections::HashSet<String> = Default::default();
+        let mut mixed: foldhash::HashSet<String> = Default::default();
         let mut inflight = InFlights::default();
         let mut parsing = ParseAhead::new(epoch, &position);
         while let Some(batch) = parsing.next().await {

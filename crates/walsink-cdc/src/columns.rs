@@ -62,6 +62,7 @@ impl ColumnKind {
         match (self, v) {
             (_, None | Some(Value::Null)) => None,
             (ColumnKind::Text(_), Some(Value::String(s))) => Some(s.clone()),
+            (ColumnKind::Text(_), Some(Value::Number(n))) => Some(numeric_text(n.as_str())),
             (ColumnKind::Text(_), Some(other)) => {
                 let mut out = String::new();
                 jsonb_text(other, &mut out);
@@ -108,7 +109,7 @@ pub(crate) fn jsonb_text(v: &Value, out: &mut String) {
     match v {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => out.push_str(&numeric_text(&n.to_string())),
+        Value::Number(n) => out.push_str(&numeric_text(n.as_str())),
         Value::String(s) => escaped(s, out),
         Value::Array(a) => {
             out.push('[');

@@ -278,11 +278,10 @@ pub fn parse(record: &[u8], field: &PositionField) -> Result<Option<Event>, Even
 /// the same event or names what is wrong: this path never decides differently, it only
 /// decides sooner.
 mod quick {
-    use super::{position, Event, Op, PositionField, Row};
+    use super::{Event, Op, PositionField, Row};
     use serde::de::IgnoredAny;
     use serde::Deserialize;
     use serde_json::value::RawValue;
-    use serde_json::Value;
     use std::borrow::Cow;
 
     #[derive(Deserialize)]
@@ -305,13 +304,42 @@ mod quick {
     #[derive(Deserialize)]
     struct Source<'a> {
         #[serde(borrow, default)]
-        table: Option<Cow<'a, str>>,
+        table: Option<Text<'a>>,
         #[serde(borrow, default)]
-        db: Option<Cow<'a, str>>,
+        db: Option<Text<'a>>,
         #[serde(borrow, default)]
-        schema: Option<Cow<'a, str>>,
-        #[serde(default)]
-        lsn: Option<Value>,
+        schema: Option<Text<'a>>,
+        /// The position as written: read below without building a JSON value.
+        #[serde(borrow, default)]
+        lsn: Option<&'a RawValue>,
+    }
+
+    /// A string, borrowed from the record unless it holds escapes. (Serde borrows a
+    /// `Cow<str>` field marked `borrow`, but not one inside an `Option`: it would copy every
+    /// `source` string into a `String` first.)
+    #[derive(Deserialize)]
+    struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+    /// The position from its JSON text: a plain decimal number, or a string without escapes
+    /// holding one or an LSN, below 2^63, as [`position`] reads them; `None` for anything
+    /// else, which the general way reads (and names if it is wrong).
+    fn raw_position(raw: &RawValue) -> Option<u64> {
+        let text = raw.get();
+        let p = match text.as_bytes().first()? {
+            b'"' => {
+                let inner = text.strip_prefix('"')?.strip_suffix('"')?;
+                if inner.contains('\\') {
+                    return None;
+                }
+                match inner.parse::<u64>() {
+                    Ok(p) => p,
+                    Err(_) => super::parse_lsn(inner)?,
+                }
+            }
+            b'0'..=b'9' => text.parse::<u64>().ok()?,
+            _ => return None,
+        };
+        (p < 1 << 63).then_some(p)
     }
 
     fn present<'de, D: serde::Deserializer<'de>>(
@@ -326,7 +354,12 @@ mod quick {
         }
         // The general way refuses JSON nested deeper than its parser's limit (128), also in
         // fields this way skips unread; a record with that many openers goes the general way.
-        if record.iter().filter(|&&b| b == b'[' || b == b'{').count() > 128 {
+        if record.len() > 128
+            && record
+                .iter()
+                .fold(0usize, |n, &b| n + usize::from(b == b'[' || b == b'{'))
+                > 128
+        {
             return None;
         }
         let top: Envelope = serde_json::from_slice(record).ok()?;
@@ -348,8 +381,8 @@ mod quick {
         };
         let op = Op::parse(e.op.flatten()?)?;
         let source = e.source?;
-        let table = source.table?.into_owned();
-        let position = position(source.lsn.as_ref(), field).ok()?;
+        let table = source.table?.0.into_owned();
+        let position = raw_position(source.lsn?)?;
         match op {
             Op::Create | Op::Read | Op::Update if e.after.is_none() => return None,
             Op::Delete if e.before.is_none() => return None,
@@ -357,8 +390,8 @@ mod quick {
         }
         Some(Some(Event {
             op,
-            db: source.db.map(Cow::into_owned),
-            schema: source.schema.map(Cow::into_owned),
+            db: source.db.map(|t| t.0.into_owned()),
+            schema: source.schema.map(|t| t.0.into_owned()),
             table,
             position,
             before: e.before,
@@ -675,13 +708,20 @@ mod tests {
     fn the_quick_way_takes_the_common_shapes() {
         let f = PositionField::default();
         let ev = r#"{"before": null, "after": {"id": 1}, "source": {"version": "2.5", "connector": "postgresql", "db": "d", "schema": "public", "table": "t", "lsn": 24023128, "txId": 7}, "op": "c", "ts_ms": 1}"#;
+        // A position written as an LSN, and names with escapes (copied, not borrowed).
+        let lsn_text = ev.replace("24023128", r#""16/B374D848""#);
+        let escaped = ev.replace(r#""table": "t""#, r#""table": "t\u00e9\"x""#);
         for record in [
             ev.to_string(),
             format!(r#"{{"schema": {{"type": "struct", "fields": []}}, "payload": {ev}}}"#),
+            lsn_text,
+            escaped.clone(),
         ] {
             let q = quick::parse(record.as_bytes(), &f).expect("taken the quick way");
             assert_eq!(Ok(q), general(record.as_bytes()));
         }
+        let e = parse(escaped.as_bytes(), &f).unwrap().unwrap();
+        assert_eq!(e.table, "t\u{e9}\"x");
         assert_eq!(parse(br#"{"schema": {}, "payload": null}"#, &f), Ok(None));
         // Nested past the parser's limit in a field the quick way skips: refused both ways.
         let deep = format!(

@@ -14,8 +14,8 @@
 //! Flushing early is always allowed: applying a prefix and then the rest is the sequence.
 
 use crate::event::{Event, Op, Row};
+use foldhash::{HashMap, HashMapExt};
 use serde_json::Value;
-use std::collections::HashMap;
 use walsink::RecordPosition;
 
 /// What the planner needs to know of a target table.
@@ -132,8 +132,8 @@ pub struct Planner {
 /// or boolean as written), so `"7"` and `7` name the same key, as they do once cast. Each part
 /// is written as its length, `:`, and itself, so no two keys share a text.
 pub fn key_of(row: &Row, meta: &TableMeta, image: &'static str) -> Result<String, PlanError> {
-    use std::fmt::Write;
-    let mut k = String::new();
+    let mut k = String::with_capacity(16);
+    let mut len = itoa::Buffer::new();
     for c in &meta.key {
         let part = match row.get(c) {
             None | Some(Value::Null) => {
@@ -144,9 +144,13 @@ pub fn key_of(row: &Row, meta: &TableMeta, image: &'static str) -> Result<String
                 })
             }
             Some(Value::String(s)) => std::borrow::Cow::Borrowed(s.as_str()),
+            // A number's text as written (`arbitrary_precision`), as `to_string` gives it.
+            Some(Value::Number(n)) => std::borrow::Cow::Borrowed(n.as_str()),
             Some(other) => std::borrow::Cow::Owned(other.to_string()),
         };
-        let _ = write!(k, "{}:{part}", part.len());
+        k.push_str(len.format(part.len()));
+        k.push(':');
+        k.push_str(&part);
     }
     Ok(k)
 }
@@ -299,6 +303,7 @@ impl Planner {
         // Grouped by column set (a row's columns come sorted: `Row` is ordered by name); most
         // tables have one or two sets, so a short list beats a map keyed by a copy of them.
         let mut upserts: Vec<(Vec<String>, Vec<Change>)> = Vec::new();
+        let held = keys.len();
         let mut winners: Vec<Winner> = keys.into_values().collect();
         winners.sort_by_key(|w| w.change.at);
         for w in winners {
@@ -315,7 +320,14 @@ impl Planner {
                         .find(|(cols, _)| cols.iter().eq(row.keys()))
                     {
                         Some((_, rows)) => rows.push(change),
-                        None => upserts.push((row.keys().cloned().collect(), vec![change])),
+                        None => {
+                            // The first column set usually takes (nearly) every row.
+                            let mut rows =
+                                Vec::with_capacity(if upserts.is_empty() { held } else { 0 });
+                            let columns = row.keys().cloned().collect();
+                            rows.push(change);
+                            upserts.push((columns, rows));
+                        }
                     }
                 }
             }
@@ -485,6 +497,42 @@ mod tests {
             checkpoint: 1,
             index: i,
         }
+    }
+
+    #[test]
+    fn key_text_is_each_parts_length_and_text() {
+        let m = TableMeta {
+            name: "t".into(),
+            columns: vec!["a".into(), "b".into()],
+            key: vec!["a".into(), "b".into()],
+        };
+        let key = |a: &str, b: &str| {
+            let row: Row = serde_json::from_str(&format!(r#"{{"a": {a}, "b": {b}}}"#)).unwrap();
+            key_of(&row, &m, "after").unwrap()
+        };
+        assert_eq!(key("7", r#""x""#), "1:71:x");
+        // A number as its JSON text reads back (`1e3` is kept as `1e+3`).
+        for (a, b) in [("-1.50", "1e3"), ("0", "-0"), ("1E-2", "2.50e10")] {
+            let text = |n: &str| serde_json::from_str::<Value>(n).unwrap().to_string();
+            let (ta, tb) = (text(a), text(b));
+            assert_eq!(key(a, b), format!("{}:{ta}{}:{tb}", ta.len(), tb.len()));
+        }
+        assert_eq!(key("-1.50", "1e3"), "5:-1.504:1e+3");
+        assert_eq!(key(r#""7""#, "true"), "1:74:true");
+        assert_eq!(key(r#""a:1""#, r#""""#), "3:a:10:");
+        assert_eq!(
+            key("12345678901234567890123", "[1]"),
+            "23:123456789012345678901233:[1]"
+        );
+        assert_ne!(key(r#""1:2""#, r#""3""#), key(r#""1""#, r#""2:3""#));
+        let row: Row = serde_json::from_str(r#"{"a": 1, "b": null}"#).unwrap();
+        assert!(matches!(
+            key_of(&row, &m, "before"),
+            Err(PlanError::NoKey {
+                image: "before",
+                ..
+            })
+        ));
     }
 
     #[test]

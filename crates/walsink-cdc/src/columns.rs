@@ -160,16 +160,21 @@ fn escaped(s: &str, out: &mut String) {
     out.push('"');
 }
 
+/// Whether a JSON number literal is a plain integer (`7`, `-12`, `0`; not `-0`, `1.0` or
+/// `1e3`), which `numeric` writes as it is.
+pub(crate) fn plain_integer(lit: &str) -> bool {
+    let unsigned = lit.strip_prefix('-').unwrap_or(lit);
+    lit == "0"
+        || (!unsigned.is_empty()
+            && !unsigned.starts_with('0')
+            && unsigned.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The text `numeric` writes for the JSON number literal `lit`: no exponent, the scale the
 /// literal implies (`1.50e1` is `15.0`, `1e3` is `1000`), no sign on zero.
 pub(crate) fn numeric_text(lit: &str) -> String {
     // The common case, a plain integer (`7`, `-12`), is written as it is.
-    let unsigned = lit.strip_prefix('-').unwrap_or(lit);
-    if lit == "0"
-        || (!unsigned.is_empty()
-            && !unsigned.starts_with('0')
-            && unsigned.bytes().all(|b| b.is_ascii_digit()))
-    {
+    if plain_integer(lit) {
         return lit.to_string();
     }
     let (neg, rest) = match lit.strip_prefix('-') {

@@ -282,6 +282,7 @@ mod quick {
     use serde::de::IgnoredAny;
     use serde::Deserialize;
     use serde_json::value::RawValue;
+    use serde_json::Value;
     use std::borrow::Cow;
 
     #[derive(Deserialize)]
@@ -290,9 +291,9 @@ mod quick {
         #[serde(borrow, default, deserialize_with = "present")]
         op: Option<Option<&'a str>>,
         #[serde(default)]
-        before: Option<Row>,
+        before: Option<Image>,
         #[serde(default)]
-        after: Option<Row>,
+        after: Option<Image>,
         #[serde(borrow, default)]
         source: Option<Source<'a>>,
         #[serde(borrow, default)]
@@ -342,6 +343,61 @@ mod quick {
         (p < 1 << 63).then_some(p)
     }
 
+    /// A row image, read with less work than `Row`'s own reading for the common values: each
+    /// value's JSON text is found first, then a string without escapes is copied as it is
+    /// and a plain integer becomes its number directly; anything else is read as `Row` reads
+    /// it. The map is the same (a repeated column keeps its last value, as there).
+    struct Image(Row);
+
+    impl<'de> Deserialize<'de> for Image {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Image, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Image;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a row image")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<Image, A::Error> {
+                    let mut row = Row::new();
+                    while let Some(column) = map.next_key::<String>()? {
+                        let raw: &'de RawValue = map.next_value()?;
+                        row.insert(column, value(raw).map_err(serde::de::Error::custom)?);
+                    }
+                    Ok(Image(row))
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
+
+    /// The JSON value `raw` holds, as `Value`'s own reading gives it.
+    fn value(raw: &RawValue) -> Result<Value, serde_json::Error> {
+        let text = raw.get();
+        match text.as_bytes().first() {
+            Some(b'"') => {
+                if let Some(inner) = text[1..].strip_suffix('"') {
+                    if !inner.contains('\\') {
+                        return Ok(Value::String(inner.to_string()));
+                    }
+                }
+            }
+            Some(b'-' | b'0'..=b'9') if crate::columns::plain_integer(text) => {
+                // Written back as the same digits (no sign on zero, no leading zeros).
+                if let Ok(i) = text.parse::<i64>() {
+                    return Ok(Value::Number(i.into()));
+                }
+            }
+            Some(b'n') if text == "null" => return Ok(Value::Null),
+            Some(b't') if text == "true" => return Ok(Value::Bool(true)),
+            Some(b'f') if text == "false" => return Ok(Value::Bool(false)),
+            _ => {}
+        }
+        serde_json::from_str(text)
+    }
+
     fn present<'de, D: serde::Deserializer<'de>>(
         d: D,
     ) -> Result<Option<Option<&'de str>>, D::Error> {
@@ -362,7 +418,10 @@ mod quick {
         {
             return None;
         }
-        let top: Envelope = serde_json::from_slice(record).ok()?;
+        // Checked as UTF-8 once, so the parser need not check each string again (not UTF-8:
+        // the general way names it).
+        let text = std::str::from_utf8(record).ok()?;
+        let top: Envelope = serde_json::from_str(text).ok()?;
         let e = match (&top.payload, &top.op, &top.schema) {
             // The converter's wrapper.
             (Some(payload), None, Some(_)) => {
@@ -394,8 +453,8 @@ mod quick {
             schema: source.schema.map(|t| t.0.into_owned()),
             table,
             position,
-            before: e.before,
-            after: e.after,
+            before: e.before.map(|i| i.0),
+            after: e.after.map(|i| i.0),
         }))
     }
 }
@@ -719,6 +778,19 @@ mod tests {
         ] {
             let q = quick::parse(record.as_bytes(), &f).expect("taken the quick way");
             assert_eq!(Ok(q), general(record.as_bytes()));
+        }
+        // Images of every kind of value and spelling read as the general way reads them.
+        for image in [
+            r#"{"a": -0, "b": 1e3, "c": 1.50, "d": 12345678901234567890123, "e": "x\"y"}"#,
+            r#"{"a": -9223372036854775808, "b": 9223372036854775808, "c": 18446744073709551616}"#,
+            r#"{"f": "\u00e9\ud83d\ude00", "g": [1, {"h": null}], "i": true, "j": false, "k": null}"#,
+            r#"{ "a" : 1 , "b":"x" , "a": "again" }"#,
+            r#"{"": "", "s p": " ", "n": -12, "z": 0, "e": 1E-2, "big": -0.000}"#,
+        ] {
+            let record = ev.replace(r#""after": {"id": 1}"#, &format!(r#""after": {image}"#));
+            assert_ne!(record, ev);
+            let q = quick::parse(record.as_bytes(), &f).expect("taken the quick way");
+            assert_eq!(Ok(q), general(record.as_bytes()), "{image}");
         }
         let e = parse(escaped.as_bytes(), &f).unwrap().unwrap();
         assert_eq!(e.table, "t\u{e9}\"x");

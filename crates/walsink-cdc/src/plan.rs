@@ -305,7 +305,9 @@ impl Planner {
         let mut upserts: Vec<(Vec<String>, Vec<Change>)> = Vec::new();
         let held = keys.len();
         let mut winners: Vec<Winner> = keys.into_values().collect();
-        winners.sort_by_key(|w| w.change.at);
+        // In log order (a key change gives a delete and an upsert of one position, which go
+        // to different steps, so the order between equals does not matter).
+        winners.sort_unstable_by_key(|w| w.change.at);
         for w in winners {
             match w.kind {
                 Kind::Delete => deletes.push(w.change),

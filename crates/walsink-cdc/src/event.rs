@@ -2,8 +2,9 @@
 //!
 //! One record of the log holds one event, as Debezium's JSON converter writes it: with the
 //! `{"schema": …, "payload": …}` wrapper (`value.converter.schemas.enable=true`) or without it.
-//! A tombstone (the JSON `null`, an empty or all-whitespace record, or a wrapper whose payload is `null`) is
-//! accepted and carries no change.
+//! A tombstone (the JSON `null`, an empty record or one of JSON whitespace only: space, tab,
+//! line feed, carriage return; or a wrapper whose payload is `null`) is accepted and carries
+//! no change.
 //!
 //! Parsing never panics: whatever the bytes, the answer is an [`Event`], a tombstone, or an
 //! [`EventError`] saying what is wrong (the caller adds where: [`BadEvent`]).
@@ -150,7 +151,8 @@ pub enum EventError {
     /// `op` is not one of `c`, `r`, `u`, `d`, `t`.
     #[error("op {0:?} is not one of c, r, u, d, t")]
     UnknownOp(String),
-    /// The position is not a number in `[0, 2^63)`, a decimal string, or an LSN `X/Y`.
+    /// The position is not an integer in `[0, 2^63)` (a JSON number, or a string of decimal
+    /// digits), or an LSN `X/Y` of two hex numbers below that.
     #[error("position field {field} is {found}: expected an integer in [0, 2^63), a decimal string or an LSN such as 16/B374D848")]
     BadPosition {
         /// The position field's path.
@@ -200,7 +202,8 @@ fn short(v: &Value) -> String {
 /// Parses a PostgreSQL LSN written `X/Y` (two hex numbers of up to 32 bits).
 pub fn parse_lsn(s: &str) -> Option<u64> {
     let (hi, lo) = s.split_once('/')?;
-    if hi.is_empty() || lo.is_empty() || hi.len() > 8 || lo.len() > 8 {
+    let hex = |x: &str| !x.is_empty() && x.len() <= 8 && x.bytes().all(|b| b.is_ascii_hexdigit());
+    if !hex(hi) || !hex(lo) {
         return None;
     }
     let hi = u64::from_str_radix(hi, 16).ok()?;
@@ -213,24 +216,29 @@ pub fn format_lsn(lsn: u64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
 }
 
-fn position(v: Option<&Value>, field: &PositionField) -> Result<u64, EventError> {
-    let bad = |found: String| EventError::BadPosition {
-        field: field.path(),
-        found,
-    };
-    let p = match v {
-        None | Some(Value::Null) => return Err(EventError::Missing(field.path())),
-        Some(Value::Number(n)) => n.as_u64().ok_or_else(|| bad(n.to_string()))?,
-        Some(Value::String(s)) => match s.parse::<u64>() {
-            Ok(p) => p,
-            Err(_) => parse_lsn(s).ok_or_else(|| bad(short(&Value::String(s.clone()))))?,
-        },
-        Some(other) => return Err(bad(short(other))),
-    };
-    if p >= 1 << 63 {
-        return Err(bad(p.to_string()));
+/// A position written as a string: decimal digits only, or an LSN.
+fn string_position(s: &str) -> Option<u64> {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return s.parse().ok();
     }
-    Ok(p)
+    parse_lsn(s)
+}
+
+fn position(v: Option<&Value>, field: &PositionField) -> Result<u64, EventError> {
+    let bad = |v: &Value| EventError::BadPosition {
+        field: field.path(),
+        found: short(v),
+    };
+    let (p, v) = match v {
+        None | Some(Value::Null) => return Err(EventError::Missing(field.path())),
+        Some(v @ Value::Number(n)) => (n.as_u64(), v),
+        Some(v @ Value::String(s)) => (string_position(s), v),
+        Some(other) => return Err(bad(other)),
+    };
+    match p {
+        Some(p) if p < 1 << 63 => Ok(p),
+        _ => Err(bad(v)),
+    }
 }
 
 fn image(payload: &mut Map<String, Value>, name: &str) -> Result<Option<Row>, EventError> {
@@ -259,7 +267,10 @@ fn string(map: &Map<String, Value>, field: &str, path: &str) -> Result<Option<St
 
 /// Parses one record. `Ok(None)` is a tombstone.
 pub fn parse(record: &[u8], field: &PositionField) -> Result<Option<Event>, EventError> {
-    if record.iter().all(u8::is_ascii_whitespace) {
+    if record
+        .iter()
+        .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+    {
         return Ok(None);
     }
     if let Some(parsed) = quick::parse(record, field) {
@@ -321,6 +332,16 @@ mod quick {
     #[derive(Deserialize)]
     struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
+    /// Whether `record` holds `\uD800`–`\uDFFF` (either case) anywhere.
+    fn has_surrogate_escape(record: &[u8]) -> bool {
+        record.windows(4).any(|w| {
+            w[0] == b'\\'
+                && w[1] == b'u'
+                && w[2] | 0x20 == b'd'
+                && matches!(w[3] | 0x20, b'8' | b'9' | b'a'..=b'f')
+        })
+    }
+
     /// The position from its JSON text: a plain decimal number, or a string without escapes
     /// holding one or an LSN, below 2^63, as [`position`] reads them; `None` for anything
     /// else, which the general way reads (and names if it is wrong).
@@ -332,10 +353,7 @@ mod quick {
                 if inner.contains('\\') {
                     return None;
                 }
-                match inner.parse::<u64>() {
-                    Ok(p) => p,
-                    Err(_) => super::parse_lsn(inner)?,
-                }
+                super::string_position(inner)?
             }
             b'0'..=b'9' => text.parse::<u64>().ok()?,
             _ => return None,
@@ -410,6 +428,11 @@ mod quick {
         }
         // The general way refuses JSON nested deeper than its parser's limit (128), also in
         // fields this way skips unread; a record with that many openers goes the general way.
+        // serde_json does not check the `\u` escapes of what it skips, where the general way
+        // refuses a lone surrogate: a record with a surrogate escape anywhere goes that way.
+        if has_surrogate_escape(record) {
+            return None;
+        }
         if record.len() > 128
             && record
                 .iter()
@@ -783,7 +806,7 @@ mod tests {
         for image in [
             r#"{"a": -0, "b": 1e3, "c": 1.50, "d": 12345678901234567890123, "e": "x\"y"}"#,
             r#"{"a": -9223372036854775808, "b": 9223372036854775808, "c": 18446744073709551616}"#,
-            r#"{"f": "\u00e9\ud83d\ude00", "g": [1, {"h": null}], "i": true, "j": false, "k": null}"#,
+            r#"{"f": "\u00e9", "g": [1, {"h": null}], "i": true, "j": false, "k": null}"#,
             r#"{ "a" : 1 , "b":"x" , "a": "again" }"#,
             r#"{"": "", "s p": " ", "n": -12, "z": 0, "e": 1E-2, "big": -0.000}"#,
         ] {
@@ -791,6 +814,26 @@ mod tests {
             assert_ne!(record, ev);
             let q = quick::parse(record.as_bytes(), &f).expect("taken the quick way");
             assert_eq!(Ok(q), general(record.as_bytes()), "{image}");
+        }
+        // A surrogate escape anywhere (serde_json checks none in what it skips) goes the
+        // general way: a lone one is refused, a pair read.
+        for (text, ok) in [
+            (r#""\ud83d\ude00""#, true),
+            (r#""\ud800""#, false),
+            (r#""\uDC00x""#, false),
+        ] {
+            for record in [
+                ev.replace(
+                    r#""after": {"id": 1}"#,
+                    &format!(r#""after": {{"id": 1, "s": {text}}}"#),
+                ),
+                ev.replace(r#""ts_ms": 1"#, &format!(r#""ts_ms": {text}"#)),
+                ev.replace(r#""version": "2.5""#, &format!(r#""version": {text}"#)),
+            ] {
+                assert!(quick::parse(record.as_bytes(), &f).is_none(), "{record}");
+                assert_eq!(parse(record.as_bytes(), &f), general(record.as_bytes()));
+                assert_eq!(parse(record.as_bytes(), &f).is_ok(), ok, "{record}");
+            }
         }
         let e = parse(escaped.as_bytes(), &f).unwrap().unwrap();
         assert_eq!(e.table, "t\u{e9}\"x");

@@ -334,12 +334,14 @@ mod quick {
 
     /// Whether `record` holds `\uD800`–`\uDFFF` (either case) anywhere.
     fn has_surrogate_escape(record: &[u8]) -> bool {
-        record.windows(4).any(|w| {
-            w[0] == b'\\'
-                && w[1] == b'u'
-                && w[2] | 0x20 == b'd'
-                && matches!(w[3] | 0x20, b'8' | b'9' | b'a'..=b'f')
-        })
+        // Most records hold no escape at all: one quick search for a backslash first.
+        record.contains(&b'\\')
+            && record.windows(4).any(|w| {
+                w[0] == b'\\'
+                    && w[1] == b'u'
+                    && w[2] | 0x20 == b'd'
+                    && matches!(w[3] | 0x20, b'8' | b'9' | b'a'..=b'f')
+            })
     }
 
     /// The position from its JSON text: a plain decimal number, or a string without escapes

@@ -148,6 +148,36 @@ struct Round {
     server: Option<Duration>,
 }
 
+/// Measures one round from `start` to `stop`: wall time, this process's CPU, and the CPU of
+/// the server process `backend`.
+struct Meter {
+    started: Instant,
+    client0: Duration,
+    backend: Option<i32>,
+    server0: Option<Duration>,
+}
+
+impl Meter {
+    fn start(backend: Option<i32>) -> Meter {
+        Meter {
+            server0: backend.and_then(pid_cpu),
+            client0: process_cpu(),
+            backend,
+            started: Instant::now(),
+        }
+    }
+
+    fn stop(self) -> Round {
+        Round {
+            wall: self.started.elapsed(),
+            client: process_cpu() - self.client0,
+            server: self
+                .server0
+                .and_then(|s0| Some(pid_cpu(self.backend?)? - s0)),
+        }
+    }
+}
+
 async fn connect(url: &str) -> Client {
     let (c, conn) = tokio_postgres::connect(url, NoTls)
         .await
@@ -200,25 +230,16 @@ async fn walsink_round(
         .await
         .unwrap();
     // Connected: the sink's backend is there to be found.
-    let backend = sink_backend(c).await;
-    let server0 = backend.and_then(pid_cpu);
-    let client0 = process_cpu();
-    let t = Instant::now();
+    let meter = Meter::start(sink_backend(c).await);
     let n = walsink_tokio::deliver_ready(&wal, &mut sink).await.unwrap();
-    let d = t.elapsed();
-    let client = process_cpu() - client0;
-    let server = server0.and_then(|s0| Some(pid_cpu(backend?)? - s0));
+    let round = meter.stop();
     let st = sink.stats();
     eprintln!(
-        "  (walsink round: {d:.2?} = planning {:.2?} + statements {:.2?} ({} sent, {} plain inserts) + commits {:.2?} + the rest)",
-        st.planning, st.statements, st.sent, st.inserts, st.committing
+        "  (walsink round: {:.2?} = planning {:.2?} + statements {:.2?} ({} sent, {} plain inserts) + commits {:.2?} + the rest)",
+        round.wall, st.planning, st.statements, st.sent, st.inserts, st.committing
     );
     assert_eq!(n, lines.len().div_ceil(epoch));
-    Round {
-        wall: d,
-        client,
-        server,
-    }
+    round
 }
 
 fn final_state(evs: &[Ev]) -> (Vec<(i32, String, i32)>, Vec<i32>) {
@@ -256,9 +277,7 @@ async fn floor_round(
         .await
         .ok()
         .map(|r| r.get(0));
-    let server0 = backend.and_then(pid_cpu);
-    let client0 = process_cpu();
-    let t = Instant::now();
+    let meter = Meter::start(backend);
     let ids: Vec<i32> = state.0.iter().map(|r| r.0).collect();
     let vs: Vec<&str> = state.0.iter().map(|r| r.1.as_str()).collect();
     let ns: Vec<i32> = state.0.iter().map(|r| r.2).collect();
@@ -279,11 +298,7 @@ async fn floor_round(
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    Round {
-        wall: t.elapsed(),
-        client: process_cpu() - client0,
-        server: server0.and_then(|s0| Some(pid_cpu(backend?)? - s0)),
-    }
+    meter.stop()
 }
 
 async fn naive_round(
@@ -365,8 +380,8 @@ fn main() {
         let state = final_state(&evs);
         let schema = format!("cdc_bench_{}", std::process::id());
         let (mut w, mut f, mut nv) = (Vec::new(), Vec::new(), Vec::new());
-        // CPU per event of walsink's rounds (client, server) and of the floor's (server).
-        let (mut wc, mut ws, mut fs) = (Vec::new(), Vec::new(), Vec::new());
+        // CPU per event of walsink's rounds and of the floor's (this process, the server).
+        let (mut wc, mut ws, mut fc, mut fs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let per_event = |d: Duration| d.as_secs_f64() * 1e6 / events as f64;
         for r in 0..rounds {
             // Rotate the order so no mode always runs first.
@@ -385,6 +400,7 @@ fn main() {
                     1 => {
                         let r = floor_round(&mut c, &schema, &state, first_epoch).await;
                         f.push(r.wall.as_secs_f64());
+                        fc.push(per_event(r.client));
                         fs.extend(r.server.map(per_event));
                     }
                     _ => nv.push(
@@ -413,13 +429,15 @@ fn main() {
         }
         let (lo, hi) = mm(&vs_floor);
         println!("  walsink / floor: {:.2}x (min {lo:.2}, max {hi:.2})", median(vs_floor.clone()));
-        let (lo, hi) = mm(&wc);
-        println!("  CPU per event, walsink's process: {:.2} us (min {lo:.2}, max {hi:.2})", median(wc.clone()));
+        let cpu = |what: &str, v: &[f64]| {
+            let (lo, hi) = mm(v);
+            println!("  CPU per event, {what}: {:.2} us (min {lo:.2}, max {hi:.2})", median(v.to_vec()));
+        };
+        cpu("walsink's process", &wc);
+        cpu("the floor's process", &fc);
         if ws.len() == w.len() && fs.len() == f.len() {
-            let (lo, hi) = mm(&ws);
-            println!("  CPU per event, server for walsink: {:.2} us (min {lo:.2}, max {hi:.2})", median(ws.clone()));
-            let (lo, hi) = mm(&fs);
-            println!("  CPU per event, server for the floor: {:.2} us (min {lo:.2}, max {hi:.2})", median(fs.clone()));
+            cpu("server for walsink", &ws);
+            cpu("server for the floor", &fs);
         }
         if !skip_naive {
             let (lo, hi) = mm(&vs_naive);

@@ -52,12 +52,11 @@ pub struct CdcSink {
     counted: Stats,
     /// Tables (qualified) found without the guard's column: it is added in a transaction of
     /// its own before the epoch is applied again.
-    columns_due: TableSet,
+    columns_due: std::collections::HashSet<String>,
 }
 
-/// A set of table names shared with the work of an epoch that adds to it: the tables that no
-/// longer get plain inserts (added to by the flushes in flight, see [`INSERT`]), and the
-/// tables whose guard column is due (added to by the catalog reads, see `CdcSink::deliver`).
+/// The tables that no longer get plain inserts (see [`INSERT`]); shared with the flushes in
+/// flight, which add to it.
 type TableSet = std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
 
 impl std::fmt::Debug for CdcSink {
@@ -274,7 +273,7 @@ impl CdcSink {
             unfinished: false,
             refused: TableSet::default(),
             counted: Stats::default(),
-            columns_due: TableSet::default(),
+            columns_due: Default::default(),
         };
         s.client().await?;
         Ok(s)
@@ -599,12 +598,7 @@ impl AsyncSink for CdcSink {
         // epoch again; each time one more table is refused or gets its column.
         loop {
             let now = self.refused.lock().expect("not poisoned").len();
-            let due: Vec<String> = self
-                .columns_due
-                .lock()
-                .expect("not poisoned")
-                .drain()
-                .collect();
+            let due: Vec<String> = self.columns_due.drain().collect();
             if r.is_ok() || (now == before && due.is_empty()) {
                 break;
             }
@@ -655,7 +649,7 @@ async fn table_meta(
     ev: &Event,
     at: RecordPosition,
     add_missing: bool,
-    due: &TableSet,
+    due: &mut std::collections::HashSet<String>,
 ) -> Result<(), SinkError> {
     let qualified = || format!("{}.{}", ident(schema), ident(&ev.table));
     if !tables.contains_key(&ev.table) {
@@ -737,7 +731,7 @@ async fn load_meta(
     tx: &Transaction<'_>,
     schema: &str,
     table: &str,
-    due: &TableSet,
+    due: &mut std::collections::HashSet<String>,
 ) -> Result<Option<Target>, SinkError> {
     let q = format!("{}.{}", ident(schema), ident(table));
     // Each column with its type's qualified name (without its modifier: a cast to
@@ -767,7 +761,7 @@ async fn load_meta(
         // The guard's hidden column is added in a transaction of its own, and the epoch
         // applied again: an ALTER in the epoch's transaction would lock the table against
         // every reader until the epoch commits (see `CdcSink::deliver`).
-        due.lock().expect("not poisoned").insert(q.clone());
+        due.insert(q.clone());
         return Err(SinkError::retryable(format!(
             "{q} has no column {POS} yet: it is added in a transaction of its own first"
         )));

@@ -345,22 +345,16 @@ mod quick {
     }
 
     /// The position from its JSON text: a plain decimal number, or a string without escapes
-    /// holding one or an LSN, below 2^63, as [`position`] reads them; `None` for anything
+    /// holding one or an LSN, below 2^63, as [`position`](super::position) reads them; `None` for anything
     /// else, which the general way reads (and names if it is wrong).
     fn raw_position(raw: &RawValue) -> Option<u64> {
         let text = raw.get();
-        let p = match text.as_bytes().first()? {
-            b'"' => {
-                let inner = text.strip_prefix('"')?.strip_suffix('"')?;
-                if inner.contains('\\') {
-                    return None;
-                }
-                super::string_position(inner)?
-            }
-            b'0'..=b'9' => text.parse::<u64>().ok()?,
-            _ => return None,
+        // A number's text is its digits; a string's, its contents when it has no escapes.
+        let digits = match text.strip_prefix('"') {
+            Some(quoted) => quoted.strip_suffix('"').filter(|s| !s.contains('\\'))?,
+            None => text,
         };
-        (p < 1 << 63).then_some(p)
+        super::string_position(digits).filter(|&p| p < 1 << 63)
     }
 
     /// A row image, read with less work than `Row`'s own reading for the common values: each

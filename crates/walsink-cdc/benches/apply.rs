@@ -18,6 +18,9 @@
 //! encoding) and of the server process serving the sink and the floor (`/proc/PID/stat`, in
 //! clock ticks), per event, when the server runs on this machine.
 //!
+//! The bench runs with the `walsink` binary's allocator, mimalloc (`RUSTFLAGS="--cfg
+//! system_alloc"`: the system's).
+//!
 //! Each round gets a new table, with the column the sink adds at a table's first epoch
 //! already there (the steady state; `--first-epoch` leaves it out, so each walsink round also
 //! pays that one-time `ALTER TABLE`).
@@ -32,6 +35,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};
 use walsink::{MemoryCommitStore, Options, WalSink};
+
+/// The `walsink` binary's allocator, so walsink's rounds cost what `walsink cdc` costs;
+/// `RUSTFLAGS="--cfg system_alloc"` measures with the system's instead.
+#[cfg(not(system_alloc))]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use walsink_cdc::{CdcSink, Config};
 
 /// An event: a new key (`c`), a change of a live key (`u`), a delete (`d`).

@@ -456,13 +456,15 @@ impl CdcSink {
         let before = stats.statements;
         let mut highs = Highs::new();
         let mut planner = Planner::new();
-        let flush_at = max_held.min(PIPELINE_HELD);
-        // The first flush of the epoch is sent sooner, so the server starts early.
-        let first_at = max_held.min(PIPELINE_FIRST);
+        // Changes held to fold later events of their keys into (see `window`); the oldest
+        // are sent a flush at a time, the first sooner, so the server starts early.
+        let window = window(epoch.len(), max_held);
+        let chunk = window.min(PIPELINE_HELD);
+        let first = window.min(PIPELINE_FIRST);
         // Tables whose held events include a key not in its one spelling.
         let mut mixed: foldhash::HashSet<String> = Default::default();
         let mut inflight = InFlights::default();
-        let mut parsing = ParseAhead::new(epoch, &position);
+        let mut parsing = Parsing::new(epoch, &position);
         while let Some(batch) = parsing.next().await {
             // Every failure here waits for the flushes in flight: one of them may have failed
             // first, at an earlier record, and that is the one to report.
@@ -512,16 +514,14 @@ impl CdcSink {
                     ))
                 });
                 inflight.earlier_failure_first(pushed, stats).await?;
-                let due = if inflight.sent == 0 {
-                    first_at
-                } else {
-                    flush_at
-                };
+                let due = if inflight.sent == 0 { first } else { window };
                 if planner.held() >= due {
                     // At most MAX_IN_FLIGHT flushes wait for their answers.
                     inflight.make_room(stats).await?;
-                    let steps = planner.drain();
-                    mixed.clear();
+                    let steps = planner.drain_oldest(chunk);
+                    if planner.held() == 0 {
+                        mixed.clear();
+                    }
                     let at = Tables {
                         tables,
                         schema: &schema,
@@ -533,14 +533,22 @@ impl CdcSink {
                 }
             }
         }
-        let steps = planner.drain();
+        // The rest, a flush at a time, so the server starts on the first while the next is
+        // built.
         let at = Tables {
             tables,
             schema: &schema,
             refused,
         };
-        let ready = statements_for(&tx, statements, &at, &mut highs, steps, stats).await;
-        inflight.send(&tx, ready, stats).await?;
+        loop {
+            let steps = planner.drain_oldest(chunk);
+            if steps.is_empty() {
+                break;
+            }
+            inflight.make_room(stats).await?;
+            let ready = statements_for(&tx, statements, &at, &mut highs, steps, stats).await;
+            inflight.send(&tx, ready, stats).await?;
+        }
         inflight.wait_all(stats).await?;
         drop(inflight);
         store_highs(&tx, &schema, &highs).await?;
@@ -576,8 +584,8 @@ impl AsyncSink for CdcSink {
     /// delivery forgets the table metadata the dropped one may have changed, as after an error,
     /// and takes back the counts it had added to [`Stats`]. A guard column being added in its
     /// own transaction when the future is dropped is there or not, and the next delivery adds
-    /// it if not (`ADD COLUMN IF NOT EXISTS`). Batches being parsed on the blocking pool run to
-    /// their end and are dropped.
+    /// it if not (`ADD COLUMN IF NOT EXISTS`). A chunk being read on the blocking pool is read
+    /// to its end and dropped.
     async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
         if std::mem::replace(&mut self.unfinished, true) {
             // The last delivery failed or was dropped, and its transaction rolled back:
@@ -1167,8 +1175,21 @@ fn run_floors(steps: &[Step], spelled: &[bool]) -> HashMap<usize, i64> {
     floors
 }
 
-/// Changes held before a flush is sent while the rest of the epoch is read: the server runs
-/// one flush's statements while the sink parses and plans the next.
+/// Changes an epoch's planner holds at most (unless `max_held` is lower): see [`window`].
+const WINDOW_MAX: usize = 12_000;
+
+/// How many changes the planner holds before it sends the oldest [`PIPELINE_HELD`]: a quarter
+/// of the epoch, at least [`PIPELINE_HELD`] and at most [`WINDOW_MAX`] or `max_held`. A later
+/// event of a held key folds into it, so a row inserted and then updated or deleted while it
+/// is held is written once, or never; a larger window folds more, but the server waits longer
+/// for the first flush and the sink for the last (measured in docs/benchmarks.md).
+fn window(epoch_len: u64, max_held: usize) -> usize {
+    let quarter = usize::try_from(epoch_len / 4).unwrap_or(usize::MAX);
+    quarter.clamp(PIPELINE_HELD, WINDOW_MAX).min(max_held)
+}
+
+/// Changes sent in one flush (the oldest held), while the rest of the epoch is read: the
+/// server runs one flush's statements while the sink parses and plans the next.
 const PIPELINE_HELD: usize = 2048;
 
 /// Changes held before an epoch's first flush is sent: smaller, so the server starts soon.
@@ -1178,87 +1199,63 @@ const PIPELINE_FIRST: usize = 512;
 /// waits queued behind it, and the sink parses on.
 const MAX_IN_FLIGHT: usize = 2;
 
-/// Records parsed in one go on the blocking pool, while the sink plans the ones before.
-const PARSE_BATCH: usize = 1024;
-
-/// Batches parsed ahead of the one being planned, at most.
-const PARSE_AHEAD: usize = 2;
+/// Records parsed in one go, between two chances for the connection's task to run.
+const PARSE_BATCH: usize = 256;
 
 /// One record parsed: where it is in the log, and its event (`None`: a tombstone).
 type Parsed = (RecordPosition, Result<Option<Event>, event::EventError>);
 
-/// An epoch's records parsed ahead, in batches of [`PARSE_BATCH`] on the blocking pool, at
-/// most [`PARSE_AHEAD`] batches ahead of the sink's planning (which waits for the server on
-/// the same task): parsing is most of the client's work, and it needs no order but the
-/// batches'. A chunk of fewer records than a batch is parsed in place.
-struct ParseAhead {
+/// An epoch's records, read chunk by chunk and parsed in batches of [`PARSE_BATCH`] on the
+/// sink's own task. Parsing on the blocking pool instead, ahead of the planning, cost more
+/// CPU than it saved on 2 cores shared with the server: the rows held in the planner were
+/// made on one thread and freed on another (docs/benchmarks.md). After each batch the task
+/// yields, so the connection's task puts the flushes sent on the wire and reads the answers.
+struct Parsing {
     chunks: AsyncChunks,
-    /// The records of the chunk being cut into batches, not yet handed to one.
+    /// The records of the current chunk not yet parsed.
     records: std::vec::IntoIter<walsink::Record>,
     position: event::PositionField,
-    ahead: std::collections::VecDeque<tokio::task::JoinHandle<Vec<Parsed>>>,
-    /// The chunks have ended (or failed: the error is handed out after the batches before
-    /// it).
+    /// The chunks have ended (or failed).
     done: bool,
-    failed: Option<SinkError>,
 }
 
-impl ParseAhead {
-    fn new(epoch: &Epoch, position: &event::PositionField) -> ParseAhead {
-        ParseAhead {
+impl Parsing {
+    fn new(epoch: &Epoch, position: &event::PositionField) -> Parsing {
+        Parsing {
             chunks: AsyncChunks::new(epoch),
             records: Vec::new().into_iter(),
             position: position.clone(),
-            ahead: Default::default(),
             done: false,
-            failed: None,
         }
     }
 
     /// The next batch of parsed records, in the epoch's order; `None` after the last.
     async fn next(&mut self) -> Option<Result<Vec<Parsed>, SinkError>> {
-        while self.ahead.len() < PARSE_AHEAD && !self.done {
-            if self.records.len() == 0 {
-                match self.chunks.next().await {
-                    Some(Ok(chunk)) => {
-                        let records: Vec<walsink::Record> = chunk.records().collect();
-                        if records.len() < PARSE_BATCH && self.ahead.is_empty() {
-                            // Small: not worth a thread hand-over.
-                            return Some(Ok(parse_batch(records, &self.position)));
-                        }
-                        self.records = records.into_iter();
-                    }
-                    Some(Err(e)) => {
-                        self.done = true;
-                        self.failed = Some(
-                            SinkError::retryable(format!("read the epoch: {e}")).with_source(e),
-                        );
-                    }
-                    None => self.done = true,
-                }
-                continue;
+        if self.records.len() == 0 {
+            if self.done {
+                return None;
             }
-            let batch: Vec<walsink::Record> = self.records.by_ref().take(PARSE_BATCH).collect();
-            let position = self.position.clone();
-            self.ahead.push_back(tokio::task::spawn_blocking(move || {
-                parse_batch(batch, &position)
-            }));
+            match self.chunks.next().await {
+                Some(Ok(chunk)) => self.records = chunk.records().collect::<Vec<_>>().into_iter(),
+                Some(Err(e)) => {
+                    self.done = true;
+                    return Some(Err(
+                        SinkError::retryable(format!("read the epoch: {e}")).with_source(e)
+                    ));
+                }
+                None => {
+                    self.done = true;
+                    return None;
+                }
+            }
+        } else {
+            tokio::task::yield_now().await;
         }
-        match self.ahead.pop_front() {
-            Some(h) => Some(
-                h.await
-                    .map_err(|e| SinkError::retryable(format!("parse the epoch's events: {e}"))),
-            ),
-            None => self.failed.take().map(Err),
-        }
+        let batch = self.records.by_ref().take(PARSE_BATCH);
+        Some(Ok(batch
+            .map(|rec| (rec.position, event::parse(&rec.data, &self.position)))
+            .collect()))
     }
-}
-
-fn parse_batch(batch: Vec<walsink::Record>, position: &event::PositionField) -> Vec<Parsed> {
-    batch
-        .into_iter()
-        .map(|rec| (rec.position, event::parse(&rec.data, position)))
-        .collect()
 }
 
 /// The flushes of an epoch that are sent and not yet answered, oldest first.

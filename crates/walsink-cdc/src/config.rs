@@ -154,9 +154,10 @@ pub struct Config {
     /// Where each event's source position is.
     pub position: PositionField,
     /// At most this many changes are held in memory before they are sent (inside the
-    /// epoch's transaction; default 20 000). The sink sends a flush every 2 048 held changes
-    /// anyway, while it parses the rest of the epoch, so only a value below 2 048 changes how
-    /// often it flushes.
+    /// epoch's transaction; default 20 000). The sink holds fewer anyway: a quarter of the
+    /// epoch, between 2 048 and 12 000, and sends the oldest 2 048 when it holds that many,
+    /// so a value below 12 000 changes how much it holds, and one below 2 048 how often it
+    /// flushes.
     pub max_held: usize,
 }
 

@@ -11,10 +11,13 @@
 //! can overtake an insert of the same key. Two things cut a table's run of events: a truncate
 //! (rows older than it go, so what came before is flushed first) and an update that carries
 //! only some columns (an unchanged TOAST value), which must land on top of the earlier image.
-//! Flushing early is always allowed: applying a prefix and then the rest is the sequence.
+//! Flushing early is always allowed: applying a prefix and then the rest is the sequence. So is
+//! sending some keys' winners before others ([`Planner::drain_oldest`]): under the guard each
+//! key's result depends only on its own events, and a key's later events land in later steps.
 
 use crate::event::{Event, Op, Row};
-use foldhash::{HashMap, HashMapExt};
+use foldhash::HashMap;
+use hashlink::LinkedHashMap;
 use serde_json::Value;
 use walsink::RecordPosition;
 
@@ -120,10 +123,14 @@ struct Winner {
     created: bool,
 }
 
+/// A table's kept winners by key, oldest first: a key moves to the back when a newer event
+/// replaces its winner, so the front is the key left alone longest.
+type Winners = LinkedHashMap<String, Winner, foldhash::fast::RandomState>;
+
 /// Reduces a stream of events to [`Step`]s; see the module docs.
 #[derive(Debug, Default)]
 pub struct Planner {
-    tables: HashMap<String, HashMap<String, Winner>>,
+    tables: HashMap<String, Winners>,
     out: Vec<Step>,
     held: usize,
 }
@@ -261,8 +268,10 @@ impl Planner {
     ) {
         if !self.tables.contains_key(&meta.name) {
             // Sized for a flush, so a large one does not grow it step by step.
-            self.tables
-                .insert(meta.name.clone(), HashMap::with_capacity(1024));
+            self.tables.insert(
+                meta.name.clone(),
+                Winners::with_capacity_and_hasher(1024, Default::default()),
+            );
         }
         let keys = self.tables.get_mut(&meta.name).expect("inserted above");
         let (flush_first, new_key, created) = match keys.get(&k) {
@@ -282,6 +291,7 @@ impl Planner {
             Some(keys) => keys,
             None => self.tables.entry(meta.name.clone()).or_default(),
         };
+        // At the back: the key's winner is now the newest.
         keys.insert(
             k,
             Winner {
@@ -299,15 +309,23 @@ impl Planner {
         let Some(keys) = self.tables.remove(table) else {
             return;
         };
+        let winners: Vec<Winner> = keys.into_iter().map(|(_, w)| w).collect();
+        self.plan(table, winners);
+    }
+
+    /// Steps for `winners` of `table` (given oldest first, as a table's map keeps them): its
+    /// deletes, then its upserts by column set. Their rows stay counted in `held` until
+    /// drained.
+    fn plan(&mut self, table: &str, winners: Vec<Winner>) {
         let mut deletes = Vec::new();
         // Grouped by column set (a row's columns come sorted: `Row` is ordered by name); most
         // tables have one or two sets, so a short list beats a map keyed by a copy of them.
         let mut upserts: Vec<(Vec<String>, Vec<Change>)> = Vec::new();
-        let held = keys.len();
-        let mut winners: Vec<Winner> = keys.into_values().collect();
-        // In log order (a key change gives a delete and an upsert of one position, which go
-        // to different steps, so the order between equals does not matter).
-        winners.sort_unstable_by_key(|w| w.change.at);
+        let held = winners.len();
+        // In log order: a winner moves to the back of its map when it is replaced, and events
+        // come in log order (a key change gives a delete and an upsert of one position, which
+        // go to different steps, so the order between equals does not matter).
+        debug_assert!(winners.is_sorted_by_key(|w| w.change.at));
         for w in winners {
             match w.kind {
                 Kind::Delete => deletes.push(w.change),
@@ -360,6 +378,46 @@ impl Planner {
         }
         self.held = 0;
         std::mem::take(&mut self.out)
+    }
+
+    /// The steps planned so far (those a truncate or a partial image cut off) and the winners
+    /// of the `n` keys left alone longest (from the table holding the most first), in an order
+    /// that gives the one-by-one result together with what is drained later. The other keys
+    /// stay held, so their later events still fold into them: keeping a window of recent keys
+    /// and sending the oldest writes each key once while it is busy.
+    pub fn drain_oldest(&mut self, n: usize) -> Vec<Step> {
+        let mut left = n;
+        while left > 0 {
+            let Some((name, keys)) = self
+                .tables
+                .iter_mut()
+                .filter(|(_, keys)| !keys.is_empty())
+                .max_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| b.0.cmp(a.0)))
+            else {
+                break;
+            };
+            let take = left.min(keys.len());
+            let winners: Vec<Winner> = (0..take)
+                .filter_map(|_| keys.pop_front().map(|(_, w)| w))
+                .collect();
+            let name = name.clone();
+            if keys.is_empty() {
+                self.tables.remove(&name);
+            }
+            left -= take;
+            self.plan(&name, winners);
+        }
+        let out = std::mem::take(&mut self.out);
+        let sent: usize = out
+            .iter()
+            .map(|s| match s {
+                Step::Truncate { .. } => 1,
+                Step::Deletes { rows, .. } | Step::Upserts { rows, .. } => rows.len(),
+            })
+            .sum();
+        debug_assert!(sent <= self.held, "{sent} rows sent of {} held", self.held);
+        self.held = self.held.saturating_sub(sent);
+        out
     }
 }
 
@@ -629,6 +687,43 @@ mod tests {
     }
 
     #[test]
+    fn drain_oldest_sends_the_keys_left_alone_longest() {
+        let m = meta();
+        let mut p = Planner::new();
+        for (i, k) in [1, 2, 3].into_iter().enumerate() {
+            p.push(ev("c", 10 + i as u64, None, Some((k, 0))), &m, at(i as u64))
+                .unwrap();
+        }
+        // Key 1 changes again: now the newest. An older event of key 2 changes nothing, so
+        // key 2 stays the oldest.
+        p.push(ev("u", 20, None, Some((1, 5))), &m, at(3)).unwrap();
+        p.push(ev("u", 5, None, Some((2, 9))), &m, at(4)).unwrap();
+        assert_eq!(p.held(), 3);
+        let ids = |steps: Vec<Step>| -> Vec<(i64, bool)> {
+            steps
+                .iter()
+                .flat_map(|s| match s {
+                    Step::Upserts { rows, .. } => rows
+                        .iter()
+                        .map(|c| (c.row["id"].as_i64().unwrap(), c.created))
+                        .collect::<Vec<_>>(),
+                    _ => panic!("only upserts here: {s:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(ids(p.drain_oldest(2)), vec![(2, true), (3, true)]);
+        assert_eq!(p.held(), 1);
+        // Key 1 kept its winner and its flag (created: its first event was a create).
+        p.push(ev("u", 21, None, Some((1, 6))), &m, at(5)).unwrap();
+        let steps = p.drain_oldest(5);
+        assert!(
+            matches!(&steps[..], [Step::Upserts { rows, .. }] if rows.len() == 1 && rows[0].row["w"] == 6 && rows[0].created && rows[0].rank == 21)
+        );
+        assert_eq!(p.held(), 0);
+        assert!(p.drain_oldest(5).is_empty());
+    }
+
+    #[test]
     fn a_key_change_deletes_the_old_key() {
         let mut p = Planner::new();
         let m = meta();
@@ -684,12 +779,14 @@ mod tests {
 
     proptest! {
         /// The plan, applied step by step, leaves exactly what the events applied one by one
-        /// leave, from any starting table, with flushes at any points.
+        /// leave, from any starting table, with flushes at any points, whole or of the oldest
+        /// `oldest` keys (0: whole).
         #[test]
         fn plans_equal_one_by_one_application(
             start in proptest::collection::vec(arb_event(), 0..10),
             events in proptest::collection::vec(arb_event(), 0..60),
             flush_every in 1usize..70,
+            oldest in 0usize..6,
         ) {
             let m = meta();
             let mut base = Table::default();
@@ -701,7 +798,14 @@ mod tests {
             for (i, e) in events.iter().enumerate() {
                 p.push(e.clone(), &m, at(i as u64)).unwrap();
                 if (i + 1) % flush_every == 0 {
-                    for s in p.drain() { apply_step(&mut got, &s, &m); }
+                    let before = p.held();
+                    let steps = if oldest == 0 { p.drain() } else { p.drain_oldest(oldest) };
+                    let sent: usize = steps.iter().map(|s| match s {
+                        Step::Truncate { .. } => 1,
+                        Step::Deletes { rows, .. } | Step::Upserts { rows, .. } => rows.len(),
+                    }).sum();
+                    prop_assert_eq!(p.held(), before - sent, "held counts what is left");
+                    for s in steps { apply_step(&mut got, &s, &m); }
                 }
             }
             let steps = p.drain();

@@ -996,23 +996,50 @@ async fn the_cdc_sink_conforms() {
 async fn large_epochs_in_several_flushes_with_rewinds_end_at_the_source_state() {
     // Epochs of thousands of changes over thousands of keys: each is sent in several flushes
     // while the rest is parsed, some runs in order (unguarded), some reaching back (guarded).
-    let mut t = Target::new("flushes", "").await;
-    let mut rng = fastrand::Rng::with_seed(7);
+    flushes_with_rewinds("flushes", 7, 16_000, 6000, 2000..9000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn epochs_larger_than_the_window_send_the_oldest_keys_and_end_at_the_source_state() {
+    // Epochs of 10,000 to 40,000 changes over 3,000 busy keys: the planner holds a window of
+    // a quarter of the epoch and sends the keys left alone longest, 2,048 at a time, while
+    // later events of the held keys fold into them; with rewinds and a truncate among them.
+    for seed in [11, 12] {
+        flushes_with_rewinds(&format!("window{seed}"), seed, 60_000, 3000, 10_000..40_000).await;
+    }
+}
+
+/// A random history of `n` changes over `keys` keys (creates and updates, deletes, key changes,
+/// one truncate), sent with random rewinds in epochs of `epoch` events; the replica must end
+/// at the history's final state.
+async fn flushes_with_rewinds(
+    tag: &str,
+    seed: u64,
+    n: usize,
+    keys: i32,
+    epoch: std::ops::Range<usize>,
+) {
+    let mut t = Target::new(tag, "").await;
+    let mut rng = fastrand::Rng::with_seed(seed);
     let mut live: std::collections::BTreeMap<i32, String> = Default::default();
     let mut history: Vec<Value> = Vec::new();
     let mut lsn = 1000u64;
-    for i in 0..16_000 {
+    for i in 0..n {
         lsn += 1;
-        let id = rng.i32(0..6000);
+        let id = rng.i32(0..keys);
         let v = format!("v{lsn}");
-        let e = if i == 9_000 {
+        let e = if i == n * 9 / 16 {
             live.clear();
             ev("t", lsn, None, None)
         } else if live.contains_key(&id) && rng.u8(0..10) == 0 {
             live.remove(&id);
             ev("d", lsn, Some((id, "")), None)
         } else if live.contains_key(&id) && rng.u8(0..10) == 0 {
-            let to = 6000 + rng.i32(0..6000);
+            let to = keys + rng.i32(0..keys);
             if live.contains_key(&to) {
                 continue;
             }
@@ -1045,7 +1072,7 @@ async fn large_epochs_in_several_flushes_with_rewinds_end_at_the_source_state() 
     let mut epochs = 0;
     let mut j = 0;
     while j < stream.len() {
-        let n = rng.usize(2000..9000).min(stream.len() - j);
+        let n = rng.usize(epoch.clone()).min(stream.len() - j);
         t.epoch(&stream[j..j + n]).await.unwrap();
         epochs += 1;
         j += n;

@@ -13,6 +13,12 @@ macro_rules! outln {
     }};
 }
 
+/// mimalloc instead of the system allocator: the CDC apply allocates a few small values per
+/// row image, and with glibc's malloc that was about a quarter of its CPU per event
+/// (docs/benchmarks.md, "CDC: the allocator, parsing in place and a window").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[cfg(feature = "cdc")]
 mod cdc;
 mod deliver;

@@ -465,10 +465,24 @@ impl CdcSink {
         let mut mixed: foldhash::HashSet<String> = Default::default();
         let mut inflight = InFlights::default();
         let mut parsing = Parsing::new(epoch, &position);
-        while let Some(batch) = parsing.next().await {
-            // Every failure here waits for the flushes in flight: one of them may have failed
-            // first, at an earlier record, and that is the one to report.
-            let batch = inflight.earlier_failure_first(batch, stats).await?;
+        // A record that cannot be applied (not an event, no key, a missing column, the epoch
+        // unreadable) stops the epoch; but what is held and in flight from before it is sent
+        // and waited for first: a change before it may be refused by the server, and that
+        // failure, the earliest in log order, is the one to report.
+        let mut failed: Option<SinkError> = None;
+        macro_rules! or_stop {
+            ($records:lifetime, $r:expr) => {
+                match $r {
+                    Ok(v) => v,
+                    Err(e) => {
+                        failed = Some(e);
+                        break $records;
+                    }
+                }
+            };
+        }
+        'records: while let Some(batch) = parsing.next().await {
+            let batch = or_stop!('records, batch);
             for (at, parsed) in batch {
                 let parsed = parsed.map_err(|error| {
                     SinkError::permanent(
@@ -480,14 +494,15 @@ impl CdcSink {
                         .to_string(),
                     )
                 });
-                let Some(mut ev) = inflight.earlier_failure_first(parsed, stats).await? else {
+                let Some(mut ev) = or_stop!('records, parsed) else {
                     continue;
                 };
                 stats.events += 1;
-                let r = table_meta(&tx, tables, &schema, &ev, at, add_missing, columns_due).await;
-                inflight.earlier_failure_first(r, stats).await?;
-                let r = same_key_update(&tx, &tables[&ev.table], &schema, &mut ev, at).await;
-                inflight.earlier_failure_first(r, stats).await?;
+                or_stop!(
+                    'records,
+                    table_meta(&tx, tables, &schema, &ev, at, add_missing, columns_due).await
+                );
+                or_stop!('records, same_key_update(&tx, &tables[&ev.table], &schema, &mut ev, at).await);
                 // A partial image must land on top of the earlier events of its key. The
                 // planner sees to that for one spelling of the key; when some key of the
                 // table came in another spelling, the table's run is cut first.
@@ -513,7 +528,7 @@ impl CdcSink {
                         at.checkpoint, at.index
                     ))
                 });
-                inflight.earlier_failure_first(pushed, stats).await?;
+                or_stop!('records, pushed);
                 let due = if inflight.sent == 0 { first } else { window };
                 if planner.held() >= due {
                     // At most MAX_IN_FLIGHT flushes wait for their answers.
@@ -533,8 +548,8 @@ impl CdcSink {
                 }
             }
         }
-        // The rest, a flush at a time, so the server starts on the first while the next is
-        // built.
+        // The rest (also after a failed record), a flush at a time, so the server starts on
+        // the first while the next is built.
         let at = Tables {
             tables,
             schema: &schema,
@@ -550,6 +565,9 @@ impl CdcSink {
             inflight.send(&tx, ready, stats).await?;
         }
         inflight.wait_all(stats).await?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
         drop(inflight);
         store_highs(&tx, &schema, &highs).await?;
         stats.planning += started.elapsed().saturating_sub(stats.statements - before);
@@ -1148,8 +1166,9 @@ fn statement_sql(schema: &str, target: &Target, shape: Shape, columns: &[String]
     )
 }
 
-/// The lowest rank of each run of a table's steps that no truncate of the table cuts, by the
-/// index of the run's first step; `i64::MIN` (so the run goes guarded) when a step of the run
+/// The lowest rank of each run of a table's steps that no truncate or [`Step::Cut`] of the
+/// table ends (so each key is in at most one of the run's steps), by the index of the run's
+/// first step; `i64::MIN` (so the run goes guarded) when a step of the run
 /// holds a key not in its one spelling (`spelled[i]` false): two spellings of one key in two
 /// steps would otherwise meet unguarded, in the steps' order instead of their ranks'.
 fn run_floors(steps: &[Step], spelled: &[bool]) -> HashMap<usize, i64> {
@@ -1157,7 +1176,7 @@ fn run_floors(steps: &[Step], spelled: &[bool]) -> HashMap<usize, i64> {
     let mut floors: HashMap<usize, i64> = HashMap::new();
     for (i, step) in steps.iter().enumerate() {
         match step {
-            Step::Truncate { table, .. } => {
+            Step::Truncate { table, .. } | Step::Cut { table } => {
                 open.remove(table.as_str());
             }
             Step::Deletes { table, rows } | Step::Upserts { table, rows, .. } => {
@@ -1402,7 +1421,7 @@ async fn statements_for(
     let spelled: Vec<bool> = steps
         .iter()
         .map(|step| match step {
-            Step::Truncate { .. } => true,
+            Step::Truncate { .. } | Step::Cut { .. } => true,
             Step::Deletes { table, rows } | Step::Upserts { table, rows, .. } => {
                 one_spelling(&tables[table], rows)
             }
@@ -1415,6 +1434,9 @@ async fn statements_for(
         let mut guarded: HashMap<String, bool> = HashMap::new();
         for (i, step) in steps.into_iter().enumerate() {
             let table = match &step {
+                // Ends the run (see `run_floors`): the next step's run is compared with
+                // everything sent before it.
+                Step::Cut { .. } => continue,
                 Step::Truncate { table, .. }
                 | Step::Deletes { table, .. }
                 | Step::Upserts { table, .. } => table.clone(),
@@ -1435,6 +1457,7 @@ async fn statements_for(
                     high.now = high.now.max(rank);
                     continue;
                 }
+                Step::Cut { .. } => continue,
                 Step::Deletes { rows, .. } | Step::Upserts { rows, .. } if rows.is_empty() => {
                     continue
                 }
@@ -1834,6 +1857,47 @@ mod tests {
             guarded: true,
             one_spelling: false,
         }
+    }
+
+    #[test]
+    fn a_cut_or_a_truncate_starts_a_run_of_its_own() {
+        let change = |id: i64, rank: i64| crate::plan::Change {
+            rank,
+            row: serde_json::json!({"id": id}).as_object().unwrap().clone(),
+            at: RecordPosition {
+                checkpoint: 1,
+                index: rank as u64,
+            },
+            created: false,
+        };
+        let up = |table: &str, rows: Vec<crate::plan::Change>| Step::Upserts {
+            table: table.into(),
+            columns: vec!["id".into()],
+            rows,
+        };
+        let steps = vec![
+            up("a", vec![change(2, 11), change(1, 30)]),
+            up("b", vec![change(1, 5)]),
+            Step::Cut { table: "a".into() },
+            up("a", vec![change(2, 40)]),
+            up("a", vec![change(1, 20)]),
+            Step::Truncate {
+                table: "a".into(),
+                rank: 50,
+                at: RecordPosition {
+                    checkpoint: 1,
+                    index: 50,
+                },
+            },
+            up("a", vec![change(3, 60)]),
+        ];
+        let spelled = vec![true; steps.len()];
+        let floors = run_floors(&steps, &spelled);
+        // Table a: the run before the cut, the one after it (which holds key 1 again, at a
+        // lower rank than the first run sent: it is compared with what that run left), and
+        // the one after the truncate; table b: one run.
+        let want: HashMap<usize, i64> = [(0, 11), (1, 5), (3, 20), (6, 60)].into_iter().collect();
+        assert_eq!(floors, want);
     }
 
     #[test]

@@ -7,11 +7,14 @@
 //! key therefore ends in the state of the event with the highest rank (the first of equals),
 //! provided that rank is above what the row held; every other event of the key either changed
 //! nothing or was overwritten. So the planner keeps, per table and key, only that event, and
-//! the statements of one flush touch each key once: their order does not matter, and no delete
-//! can overtake an insert of the same key. Two things cut a table's run of events: a truncate
-//! (rows older than it go, so what came before is flushed first) and an update that carries
-//! only some columns (an unchanged TOAST value), which must land on top of the earlier image.
-//! Flushing early is always allowed: applying a prefix and then the rest is the sequence. So is
+//! the steps of one run of a table touch each key once: their order does not matter, and no
+//! delete can overtake an insert of the same key. Two things cut a table's run of events: a
+//! truncate (rows older than it go, so what came before is flushed first) and an update that
+//! carries only some columns (an unchanged TOAST value), which must land on top of the earlier
+//! image; the first is a [`Step::Truncate`], the second ends the run with a [`Step::Cut`], and
+//! the steps after either may touch a key again (so a caller that leaves out the guard for a
+//! run whose ranks are all above what the table holds must compare each run separately, after
+//! the steps before it). Flushing early is always allowed: applying a prefix and then the rest is the sequence. So is
 //! sending some keys' winners before others ([`Planner::drain_oldest`]): under the guard each
 //! key's result depends only on its own events, and a key's later events land in later steps.
 
@@ -79,6 +82,13 @@ pub enum Step {
         columns: Vec<String>,
         /// The rows, with their ranks.
         rows: Vec<Change>,
+    },
+    /// The table's run ends here: steps after it may touch keys that steps before it (since
+    /// the last truncate or cut) touched, so they must be compared with what those steps left
+    /// (see [`Planner::cut`]). Writes nothing.
+    Cut {
+        /// The target table.
+        table: String,
     },
     /// Truncate the table at this rank: rows older than it go, and it becomes the table's
     /// watermark.
@@ -173,7 +183,18 @@ impl Planner {
     /// held for it now. Always allowed (see the module docs); a caller that knows two
     /// spellings of one key may be held apart uses it before a partial image.
     pub fn cut(&mut self, table: &str) {
-        self.flush_table(table);
+        self.cut_run(table);
+    }
+
+    /// Flushes the table's held events and ends its run with a [`Step::Cut`], if anything was
+    /// held: the steps before the cut and those after it may touch one key each.
+    fn cut_run(&mut self, table: &str) {
+        if self.tables.get(table).is_some_and(|keys| !keys.is_empty()) {
+            self.flush_table(table);
+            self.out.push(Step::Cut {
+                table: table.to_string(),
+            });
+        }
     }
 
     /// An empty planner.
@@ -285,7 +306,7 @@ impl Planner {
             None => (false, true, created),
         };
         if flush_first {
-            self.flush_table(&meta.name);
+            self.cut_run(&meta.name);
         }
         let keys = match self.tables.get_mut(&meta.name) {
             Some(keys) => keys,
@@ -381,37 +402,56 @@ impl Planner {
     }
 
     /// The steps planned so far (those a truncate or a partial image cut off) and the winners
-    /// of the `n` keys left alone longest (from the table holding the most first), in an order
-    /// that gives the one-by-one result together with what is drained later. The other keys
-    /// stay held, so their later events still fold into them: keeping a window of recent keys
-    /// and sending the oldest writes each key once while it is busy.
+    /// of the `n` keys left alone longest (of all tables, by the place in the log of each
+    /// key's newest event), in an order that gives the one-by-one result together with what
+    /// is drained later. The other keys stay held, so their later events still fold into
+    /// them: keeping a window of recent keys and sending the oldest writes each key once while
+    /// it is busy.
     pub fn drain_oldest(&mut self, n: usize) -> Vec<Step> {
-        let mut left = n;
-        while left > 0 {
-            let Some((name, keys)) = self
-                .tables
-                .iter_mut()
-                .filter(|(_, keys)| !keys.is_empty())
-                .max_by(|a, b| a.1.len().cmp(&b.1.len()).then_with(|| b.0.cmp(a.0)))
-            else {
+        let names: Vec<String> = self.tables.keys().cloned().collect();
+        let mut taken: Vec<Vec<Winner>> = names.iter().map(|_| Vec::new()).collect();
+        // The tables by their oldest winner's place in the log.
+        let mut fronts: std::collections::BinaryHeap<std::cmp::Reverse<(RecordPosition, usize)>> =
+            names
+                .iter()
+                .enumerate()
+                .filter_map(|(i, name)| {
+                    let (_, w) = self.tables[name].front()?;
+                    Some(std::cmp::Reverse((w.change.at, i)))
+                })
+                .collect();
+        for _ in 0..n {
+            let Some(std::cmp::Reverse((_, i))) = fronts.pop() else {
                 break;
             };
-            let take = left.min(keys.len());
-            let winners: Vec<Winner> = (0..take)
-                .filter_map(|_| keys.pop_front().map(|(_, w)| w))
-                .collect();
-            let name = name.clone();
-            if keys.is_empty() {
-                self.tables.remove(&name);
+            let keys = self.tables.get_mut(&names[i]).expect("a table of the heap");
+            if let Some((_, w)) = keys.pop_front() {
+                taken[i].push(w);
             }
-            left -= take;
-            self.plan(&name, winners);
+            if let Some((_, w)) = keys.front() {
+                fronts.push(std::cmp::Reverse((w.change.at, i)));
+            }
+        }
+        // Each table's share as one run, the table whose oldest was oldest first.
+        let mut order: Vec<usize> = (0..names.len()).filter(|&i| !taken[i].is_empty()).collect();
+        order.sort_unstable_by_key(|&i| taken[i][0].change.at);
+        for i in order {
+            let winners = std::mem::take(&mut taken[i]);
+            if self
+                .tables
+                .get(&names[i])
+                .is_some_and(|keys| keys.is_empty())
+            {
+                self.tables.remove(&names[i]);
+            }
+            self.plan(&names[i], winners);
         }
         let out = std::mem::take(&mut self.out);
         let sent: usize = out
             .iter()
             .map(|s| match s {
                 Step::Truncate { .. } => 1,
+                Step::Cut { .. } => 0,
                 Step::Deletes { rows, .. } | Step::Upserts { rows, .. } => rows.len(),
             })
             .sum();
@@ -510,6 +550,7 @@ pub(crate) mod model {
     pub fn apply_step(t: &mut Table, s: &Step, meta: &TableMeta) {
         match s {
             Step::Truncate { rank, .. } => t.truncate(*rank),
+            Step::Cut { .. } => {}
             Step::Deletes { rows, .. } => {
                 for c in rows {
                     t.delete(key_of(&c.row, meta, "before").unwrap(), c.rank)
@@ -687,6 +728,44 @@ mod tests {
     }
 
     #[test]
+    fn a_partial_image_ends_the_run_with_a_cut_before_the_key_comes_again() {
+        // The shape an outside probe found applied wrongly: a replayed older event of key 1
+        // after a partial image of key 2 cut the run. The steps after the cut touch key 1
+        // again, so they must not share the guard decision of the steps before it.
+        let m = meta();
+        let mut p = Planner::new();
+        p.push(ev("c", 10, None, Some((1, 1))), &m, at(0)).unwrap();
+        p.push(ev("c", 11, None, Some((2, 1))), &m, at(1)).unwrap();
+        p.push(ev("u", 30, None, Some((1, 3))), &m, at(2)).unwrap();
+        let mut partial = ev("u", 40, None, Some((2, 4)));
+        partial.after.as_mut().unwrap().remove("w");
+        p.push(partial, &m, at(3)).unwrap();
+        p.push(ev("u", 20, None, Some((1, 2))), &m, at(4)).unwrap();
+        let steps = p.drain();
+        let shape: Vec<String> = steps
+            .iter()
+            .map(|s| match s {
+                Step::Cut { .. } => "cut".to_string(),
+                Step::Upserts { rows, .. } => rows
+                    .iter()
+                    .map(|c| format!("{}@{}", c.row["id"], c.rank))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(shape, ["2@11,1@30", "cut", "2@40", "1@20"]);
+        // And applied under the guard the replay changes nothing.
+        let mut t = Table::default();
+        for s in &steps {
+            apply_step(&mut t, s, &m);
+        }
+        let live = t.live();
+        let one = live.values().find(|r| r["id"] == 1).unwrap();
+        assert_eq!(one["v"], 3, "{live:?}");
+    }
+
+    #[test]
     fn drain_oldest_sends_the_keys_left_alone_longest() {
         let m = meta();
         let mut p = Planner::new();
@@ -802,6 +881,7 @@ mod tests {
                     let steps = if oldest == 0 { p.drain() } else { p.drain_oldest(oldest) };
                     let sent: usize = steps.iter().map(|s| match s {
                         Step::Truncate { .. } => 1,
+                        Step::Cut { .. } => 0,
                         Step::Deletes { rows, .. } | Step::Upserts { rows, .. } => rows.len(),
                     }).sum();
                     prop_assert_eq!(p.held(), before - sent, "held counts what is left");

@@ -1,7 +1,8 @@
 //! Apply throughput, same run, interleaved rounds, over the same client (tokio-postgres)
 //! against the same server:
 //!
-//! - **walsink**: the change events sealed in a log (epochs of `--epoch` events) and delivered
+//! - **walsink**: the change events sealed in a log (epochs of `--epoch` events, by default
+//!   one epoch of all of them: one transaction, as the floor's) and delivered
 //!   by [`CdcSink`] (parse, plan, guarded set-based statements, marker, one transaction per
 //!   epoch); timed from sealed to committed;
 //! - **floor**: one transaction with one multi-row upsert of the same final rows (typed
@@ -364,7 +365,9 @@ fn main() {
     }
     let events = arg("--events", 50_000);
     let rounds = arg("--rounds", 5);
-    let epoch = arg("--epoch", 5_000).max(1);
+    // One epoch by default: one transaction, as the floor's; `--epoch 5000` for epochs of
+    // 5,000 (each its own transaction, updating rows earlier epochs wrote).
+    let epoch = arg("--epoch", events).max(1);
     // `--no-naive`: leave the slow naive apply out (to profile the other two).
     let skip_naive = args.iter().any(|a| a == "--no-naive");
     // `--first-epoch`: tables without the sink's column, so each walsink round pays the

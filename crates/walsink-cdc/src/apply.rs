@@ -502,7 +502,8 @@ impl CdcSink {
                     'records,
                     table_meta(&tx, tables, &schema, &ev, at, add_missing, columns_due).await
                 );
-                or_stop!('records, same_key_update(&tx, &tables[&ev.table], &schema, &mut ev, at).await);
+                let same = same_key_update(&tx, &tables[&ev.table], &schema, &mut ev, at).await;
+                or_stop!('records, same);
                 // A partial image must land on top of the earlier events of its key. The
                 // planner sees to that for one spelling of the key; when some key of the
                 // table came in another spelling, the table's run is cut first.
@@ -1168,9 +1169,9 @@ fn statement_sql(schema: &str, target: &Target, shape: Shape, columns: &[String]
 
 /// The lowest rank of each run of a table's steps that no truncate or [`Step::Cut`] of the
 /// table ends (so each key is in at most one of the run's steps), by the index of the run's
-/// first step; `i64::MIN` (so the run goes guarded) when a step of the run
-/// holds a key not in its one spelling (`spelled[i]` false): two spellings of one key in two
-/// steps would otherwise meet unguarded, in the steps' order instead of their ranks'.
+/// first step; `i64::MIN` (so the run goes guarded) when a step of the run holds a key not in
+/// its one spelling (`spelled[i]` false): two spellings of one key in two steps would
+/// otherwise meet unguarded, in the steps' order instead of their ranks'.
 fn run_floors(steps: &[Step], spelled: &[bool]) -> HashMap<usize, i64> {
     let mut open: HashMap<&str, usize> = HashMap::new();
     let mut floors: HashMap<usize, i64> = HashMap::new();
@@ -1400,9 +1401,11 @@ impl Params {
 /// prepared is prepared, and a truncate runs (after the statements before it).
 ///
 /// Why a run above the high-water needs no guard: the guard could refuse nothing, because the
-/// steps of one flush touch each key at most once (see [`crate::plan`]), so what each row is
-/// compared with is what the table held before the run. That is every flush of an upstream
-/// that sends its changes in order; a replay, or a run that reaches back, goes guarded.
+/// steps of one run touch each key at most once (a truncate or a [`Step::Cut`] ends a run, see
+/// [`crate::plan`]), so what each row is compared with is what the table held before the run,
+/// and the high-water a run is compared with includes every step sent before it. That is every
+/// flush of an upstream that sends its changes in order; a replay, or a run that reaches back,
+/// goes guarded.
 async fn statements_for(
     tx: &Transaction<'_>,
     statements: &mut Statements,

@@ -2502,7 +2502,6 @@ server_test!(refusals_from_replays_only, {
     assert_none(p);
 });
 
-
 // 20. Found by the drop test's stream (bisected to 151 records): a replayed (older) create
 // folding into a key whose run began with an update turns the run's upsert into a plain
 // insert, which meets the row: the epoch is rolled back, applied again, and the table gets

@@ -1182,8 +1182,19 @@ fn run_floors(steps: &[Step], spelled: &[bool]) -> HashMap<usize, i64> {
             }
             Step::Deletes { table, rows } | Step::Upserts { table, rows, .. } => {
                 let first = *open.entry(table.as_str()).or_insert(i);
+                // A created row also rests on its key's first event in the run, which may be
+                // an older, replayed create (see `Change::opened`).
                 let low = if spelled[i] {
-                    rows.iter().map(|c| c.rank).min().unwrap_or(i64::MAX)
+                    rows.iter()
+                        .map(|c| {
+                            if c.created {
+                                c.rank.min(c.opened)
+                            } else {
+                                c.rank
+                            }
+                        })
+                        .min()
+                        .unwrap_or(i64::MAX)
                 } else {
                     i64::MIN
                 };
@@ -1872,6 +1883,7 @@ mod tests {
                 index: rank as u64,
             },
             created: false,
+            opened: rank,
         };
         let up = |table: &str, rows: Vec<crate::plan::Change>| Step::Upserts {
             table: table.into(),
@@ -1901,6 +1913,13 @@ mod tests {
         // the one after the truncate; table b: one run.
         let want: HashMap<usize, i64> = [(0, 11), (1, 5), (3, 20), (6, 60)].into_iter().collect();
         assert_eq!(floors, want);
+        // A created row rests on its run's first event too: a create replayed at rank 10 that
+        // a newer update at 20 won over must not make the run look newer than 10.
+        let mut created = change(4, 20);
+        created.created = true;
+        created.opened = 10;
+        let floors = run_floors(&[up("c", vec![created])], &[true]);
+        assert_eq!(floors.get(&0), Some(&10));
     }
 
     #[test]
@@ -1960,6 +1979,7 @@ mod tests {
         );
         let change = |id: Value| crate::plan::Change {
             created: false,
+            opened: 1,
             rank: 1,
             row: [("id".to_string(), id)].into_iter().collect(),
             at: RecordPosition {

@@ -62,6 +62,11 @@ pub struct Change {
     /// all (rows written outside the change stream, a snapshot read twice). Always false for
     /// a delete.
     pub created: bool,
+    /// The lowest rank that `created` rests on: the rank of the key's first event in the run
+    /// (a replayed create can be older than the update that wins over it). A caller that
+    /// takes `created` without the guard must know this rank is above everything the table
+    /// holds too. The change's own rank when the change is that first event.
+    pub opened: i64,
 }
 
 /// One set-based statement of a plan.
@@ -131,6 +136,8 @@ struct Winner {
     /// The key's first event in the current run was a create or a snapshot read (kept
     /// across a delete winner too; an upsert's `change.created` is set from it when flushed).
     created: bool,
+    /// The rank `created` rests on (see [`Change::opened`]).
+    opened: i64,
 }
 
 /// A table's kept winners by key, oldest first: a key moves to the back when a newer event
@@ -234,6 +241,7 @@ impl Planner {
                     row,
                     at,
                     created: false,
+                    opened: rank,
                 };
                 self.offer(meta, k, Kind::Delete, change, false, false);
             }
@@ -256,6 +264,7 @@ impl Planner {
                                 row,
                                 at,
                                 created: false,
+                                opened: rank,
                             };
                             self.offer(meta, old, Kind::Delete, change, false, false);
                         }
@@ -268,6 +277,7 @@ impl Planner {
                     row: after,
                     at,
                     created: false,
+                    opened: rank,
                 };
                 self.offer(meta, k, Kind::Upsert, change, partial, created);
             }
@@ -295,15 +305,20 @@ impl Planner {
             );
         }
         let keys = self.tables.get_mut(&meta.name).expect("inserted above");
-        let (flush_first, new_key, created) = match keys.get(&k) {
+        let (flush_first, new_key, created, opened) = match keys.get(&k) {
             // Changes nothing, whatever the row holds.
             Some(w) if change.rank <= w.change.rank => return,
             // A partial image must land on what the earlier event left (the earlier image, or
             // no row after a delete): flush, then keep it. The new run starts from that row,
-            // which the earlier event's kind tells.
-            Some(w) if partial => (true, false, matches!(w.kind, Kind::Delete) && created),
-            Some(w) => (false, false, w.created),
-            None => (false, true, created),
+            // which the earlier event's kind tells (so the flag rests on its rank too).
+            Some(w) if partial => (
+                true,
+                false,
+                matches!(w.kind, Kind::Delete) && created,
+                w.change.rank,
+            ),
+            Some(w) => (false, false, w.created, w.opened),
+            None => (false, true, created, change.rank),
         };
         if flush_first {
             self.cut_run(&meta.name);
@@ -319,6 +334,7 @@ impl Planner {
                 kind,
                 change,
                 created,
+                opened,
             },
         );
         if new_key || flush_first {
@@ -353,6 +369,7 @@ impl Planner {
                 Kind::Upsert => {
                     let change = Change {
                         created: w.created,
+                        opened: w.opened,
                         ..w.change
                     };
                     let row = &change.row;
@@ -718,6 +735,14 @@ mod tests {
                 ev("c", 5, None, Some((1, 0))),
             ]),
             vec![(1, false)]
+        );
+        // A replayed, older create that a newer update wins over: the flag rests on the
+        // create's rank, which the caller compares with what the table holds.
+        let mut p = Planner::new();
+        p.push(ev("c", 10, None, Some((1, 1))), &m, at(0)).unwrap();
+        p.push(ev("u", 20, None, Some((1, 2))), &m, at(1)).unwrap();
+        assert!(
+            matches!(&p.drain()[0], Step::Upserts { rows, .. } if rows[0].created && rows[0].rank == 20 && rows[0].opened == 10)
         );
         // Each drain starts new runs: a key created in an earlier flush is there now.
         let mut p = Planner::new();

@@ -842,8 +842,12 @@ async fn async_random_rounds_against_the_model() {
                 &specs[..done.len()],
                 &format!("seed {seed} round {round}"),
             );
+            // A read fault the round's delivery did not reach (it timed out or found less to
+            // read) would otherwise fire in the next round's writer, which reads when it rolls
+            // to a segment, and fail the seal: the faults are for delivery only (CI met it
+            // once, "roll to segment ...: injected fault").
+            sim.clear_faults();
         }
-        sim.clear_faults();
         deliver_until_ok(&wal, &mut sink, 10).await;
         assert_done(&sink.done(), &specs, &format!("seed {seed}"));
         assert!(sink.bad().is_empty(), "seed {seed}: {:?}", sink.bad());

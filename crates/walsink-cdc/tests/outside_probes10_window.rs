@@ -1130,28 +1130,7 @@ server_test!(rewind_of_previous_epochs_inside_a_large_epoch, {
         stream[..].to_vec(),
     ];
     let lab = Lab::new("rew", &s.specs, &[]).await;
-    let mut sink = lab.sink("").await;
-    let mut feed = Feed::new("rew", 256 << 10);
-    let mut model = Model::new(&s.specs);
-    let mut problems = Vec::new();
-    let mut log = Vec::new();
-    for (i, ep) in eps.iter().enumerate() {
-        feed.seal(ep);
-        let r = feed.deliver(&mut sink).await;
-        log.extend(ep.iter().cloned());
-        for e in ep {
-            model.apply(e);
-        }
-        if let Err(e) = r {
-            problems.push(format!("epoch {}: {e}", i + 1));
-            break;
-        }
-        problems.extend(
-            lab.check(&model, &format!("rew epoch {}", i + 1), &log)
-                .await,
-        );
-    }
-    eprintln!("rew: {:?}", sink.stats());
+    let problems = run_epochs("rew", &lab, "", &eps).await;
     lab.drop().await;
     assert_none(problems);
 });
@@ -1208,6 +1187,16 @@ fn kid(k: Value) -> Value {
 
 /// Runs epochs (lists of records) against the model, one sink, reporting differences.
 async fn run_epochs(tag: &str, lab: &Lab, params: &str, eps: &[Vec<String>]) -> Vec<String> {
+    run_epochs_stats(tag, lab, params, eps).await.0
+}
+
+/// [`run_epochs`], also returning the sink's stats.
+async fn run_epochs_stats(
+    tag: &str,
+    lab: &Lab,
+    params: &str,
+    eps: &[Vec<String>],
+) -> (Vec<String>, Stats) {
     let mut sink = lab.sink(params).await;
     let mut feed = Feed::new(tag, 256 << 10);
     let mut model = Model::new(&lab.specs);
@@ -1230,7 +1219,7 @@ async fn run_epochs(tag: &str, lab: &Lab, params: &str, eps: &[Vec<String>]) -> 
         );
     }
     eprintln!("{tag}: {:?}", sink.stats());
-    problems
+    (problems, sink.stats())
 }
 
 // 6. A key created and deleted while held must still leave its tombstone: a replay of the
@@ -2472,31 +2461,7 @@ server_test!(refusals_from_replays_only, {
         };
         let stream = build(&s);
         let lab = Lab::new(tag, &s.specs, &[]).await;
-        let mut sink = lab.sink("").await;
-        let mut feed = Feed::new(tag, 256 << 10);
-        let mut model = Model::new(&s.specs);
-        let mut log = Vec::new();
-        for (n, ep) in cut(&stream, &s.epochs).iter().enumerate() {
-            feed.seal(ep);
-            let before = sink.stats().refused_tables;
-            let r = feed.deliver(&mut sink).await;
-            log.extend(ep.iter().cloned());
-            for e in ep {
-                model.apply(e);
-            }
-            if let Err(e) = r {
-                p.push(format!("{tag} epoch {}: {e}", n + 1));
-                break;
-            }
-            if sink.stats().refused_tables != before {
-                eprintln!("{tag}: epoch {} refused", n + 1);
-            }
-            p.extend(
-                lab.check(&model, &format!("{tag} epoch {}", n + 1), &log)
-                    .await,
-            );
-        }
-        eprintln!("{tag}: {:?}", sink.stats());
+        p.extend(run_epochs(tag, &lab, "", &cut(&stream, &s.epochs)).await);
         lab.drop().await;
     }
     assert_none(p);
@@ -2538,23 +2503,8 @@ server_test!(replayed_create_after_an_update_is_not_a_created_key, {
     for (i, (name, eps, promised)) in cases.into_iter().enumerate() {
         let tag = format!("rc{i}");
         let lab = Lab::new(&tag, &t(), &[]).await;
-        let mut sink = lab.sink("").await;
-        let mut feed = Feed::new(&tag, 64 << 10);
-        let mut model = Model::new(&lab.specs);
-        let mut log = Vec::new();
-        for ep in &eps {
-            feed.seal(ep);
-            if let Err(e) = feed.deliver(&mut sink).await {
-                problems.push(format!("{name}: {e}"));
-            }
-            log.extend(ep.iter().cloned());
-            for e in ep {
-                model.apply(e);
-            }
-            problems.extend(lab.check(&model, name, &log).await);
-        }
-        let st = sink.stats();
-        eprintln!("{name}: {st:?}");
+        let (p, st) = run_epochs_stats(&tag, &lab, "", &eps).await;
+        problems.extend(p.into_iter().map(|p| format!("{name}: {p}")));
         if st.refused_tables != 0 {
             if promised {
                 problems.push(format!(

@@ -14,8 +14,8 @@
 //! image; the first is a [`Step::Truncate`], the second ends the run with a [`Step::Cut`], and
 //! the steps after either may touch a key again (so a caller that leaves out the guard for a
 //! run whose ranks are all above what the table holds must compare each run separately, after
-//! the steps before it). Flushing early is always allowed: applying a prefix and then the rest is the sequence. So is
-//! sending some keys' winners before others ([`Planner::drain_oldest`]): under the guard each
+//! the steps before it). Flushing early is always allowed: applying a prefix and then the rest
+//! is the sequence. So is sending some keys' winners before others ([`Planner::drain_oldest`]): under the guard each
 //! key's result depends only on its own events, and a key's later events land in later steps.
 
 use crate::event::{Event, Op, Row};
@@ -105,6 +105,18 @@ pub enum Step {
         /// Its place in the log.
         at: RecordPosition,
     },
+}
+
+impl Step {
+    /// The changes it counts in [`Planner::held`]: its rows, one for a truncate, none for a
+    /// cut.
+    fn held(&self) -> usize {
+        match self {
+            Step::Truncate { .. } => 1,
+            Step::Cut { .. } => 0,
+            Step::Deletes { rows, .. } | Step::Upserts { rows, .. } => rows.len(),
+        }
+    }
 }
 
 /// Why an event cannot be planned.
@@ -409,13 +421,7 @@ impl Planner {
     /// Everything planned so far, in an order that gives the one-by-one result; the planner
     /// is empty afterwards.
     pub fn drain(&mut self) -> Vec<Step> {
-        let mut names: Vec<String> = self.tables.keys().cloned().collect();
-        names.sort();
-        for t in names {
-            self.flush_table(&t);
-        }
-        self.held = 0;
-        std::mem::take(&mut self.out)
+        self.drain_oldest(usize::MAX)
     }
 
     /// The steps planned so far (those a truncate or a partial image cut off) and the winners
@@ -464,14 +470,7 @@ impl Planner {
             self.plan(&names[i], winners);
         }
         let out = std::mem::take(&mut self.out);
-        let sent: usize = out
-            .iter()
-            .map(|s| match s {
-                Step::Truncate { .. } => 1,
-                Step::Cut { .. } => 0,
-                Step::Deletes { rows, .. } | Step::Upserts { rows, .. } => rows.len(),
-            })
-            .sum();
+        let sent: usize = out.iter().map(Step::held).sum();
         debug_assert!(sent <= self.held, "{sent} rows sent of {} held", self.held);
         self.held = self.held.saturating_sub(sent);
         out
@@ -904,11 +903,7 @@ mod tests {
                 if (i + 1) % flush_every == 0 {
                     let before = p.held();
                     let steps = if oldest == 0 { p.drain() } else { p.drain_oldest(oldest) };
-                    let sent: usize = steps.iter().map(|s| match s {
-                        Step::Truncate { .. } => 1,
-                        Step::Cut { .. } => 0,
-                        Step::Deletes { rows, .. } | Step::Upserts { rows, .. } => rows.len(),
-                    }).sum();
+                    let sent: usize = steps.iter().map(Step::held).sum();
                     prop_assert_eq!(p.held(), before - sent, "held counts what is left");
                     for s in steps { apply_step(&mut got, &s, &m); }
                 }

@@ -1331,3 +1331,81 @@ async fn two_spellings_of_one_key_across_steps_apply_in_rank_order() {
     );
     t.drop_schema().await;
 }
+
+/// A delivery cut while the server runs its COMMIT (a deferred trigger on the marker table
+/// holds the COMMIT for 1.5 s; the delivery is dropped at 0.5 s): the epoch commits without
+/// its caller hearing so, and the next delivery finds the marker and applies nothing twice;
+/// the epoch after it, with a replayed older event, is applied as usual.
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn a_delivery_cut_during_its_commit_is_found_committed_by_the_next() {
+    let mut t = Target::new("incommit", "").await;
+    t.epoch(&[
+        ev("c", 10, None, Some((1, "a"))),
+        ev("c", 11, None, Some((2, "b"))),
+    ])
+    .await
+    .unwrap();
+    let s = t.schema.clone();
+    t.admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION {s}.slow() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$; \
+             CREATE CONSTRAINT TRIGGER slow AFTER INSERT OR UPDATE ON {s}.walsink_markers \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {s}.slow();"
+        ))
+        .await
+        .unwrap();
+    t.seal(&[
+        ev("u", 20, Some((1, "a")), Some((1, "a2"))),
+        ev("d", 21, Some((2, "b")), None),
+        ev("c", 22, None, Some((3, "c"))),
+    ]);
+    let cut = tokio::time::timeout(
+        std::time::Duration::from_millis(500),
+        walsink_tokio::deliver_ready(&t.wal, &mut t.sink),
+    )
+    .await;
+    assert!(cut.is_err(), "the delivery was not cut: {cut:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(2000)).await;
+    // The server committed the epoch although its caller never heard.
+    assert_eq!(
+        walsink_cdc::check::applied(&t.admin, &s, &s).await.unwrap(),
+        (2, 5)
+    );
+    assert_eq!(t.rows().await, vec![row(1, "a2"), row(3, "c")]);
+    t.admin
+        .batch_execute(&format!("DROP TRIGGER slow ON {s}.walsink_markers"))
+        .await
+        .unwrap();
+    // The retry finds the marker: nothing applied twice, and the log moves on.
+    walsink_tokio::deliver_ready(&t.wal, &mut t.sink)
+        .await
+        .unwrap();
+    assert_eq!(
+        walsink_cdc::check::applied(&t.admin, &s, &s).await.unwrap(),
+        (2, 5)
+    );
+    assert_eq!(t.rows().await, vec![row(1, "a2"), row(3, "c")]);
+    // The next epoch: a replay of the older create of key 2 changes nothing (its tombstone
+    // is newer), an update of key 3 and a new key apply.
+    t.epoch(&[
+        ev("c", 11, None, Some((2, "b"))),
+        ev("u", 30, Some((3, "c")), Some((3, "c2"))),
+        ev("c", 31, None, Some((4, "d"))),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(
+        t.rows().await,
+        vec![row(1, "a2"), row(3, "c2"), row(4, "d")]
+    );
+    assert_eq!(
+        walsink_cdc::check::applied(&t.admin, &s, &s).await.unwrap(),
+        (3, 8)
+    );
+    t.drop_schema().await;
+}

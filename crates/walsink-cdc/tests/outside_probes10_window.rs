@@ -1951,11 +1951,30 @@ async fn dropped_delivery_run(tag: &'static str, cuts: &[u64]) -> (Vec<String>, 
         }
         if dropped {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            // Nothing of the epoch may be visible (the model is still at the epoch before).
-            problems.extend(
-                lab.check(&model, &format!("{label}, after the cut"), &log)
-                    .await,
-            );
+            // A cut delivery is all or nothing, and its marker says which: a cut after the
+            // COMMIT left the client commits the epoch (the retry then finds the marker and
+            // skips it), a cut before it leaves nothing of the epoch visible.
+            let (marked, _) = walsink_cdc::check::applied(&lab.admin, &lab.schema, tag)
+                .await
+                .unwrap();
+            let label = format!("{label}, after the cut (marker at epoch {marked})");
+            eprintln!("{label}");
+            if marked == n as u64 + 1 {
+                let mut after = model.clone();
+                let mut seen = log.clone();
+                seen.extend(ep.iter().cloned());
+                for e in ep {
+                    after.apply(e);
+                }
+                problems.extend(lab.check(&after, &label, &seen).await);
+            } else if marked == n as u64 {
+                problems.extend(lab.check(&model, &label, &log).await);
+            } else {
+                problems.push(format!(
+                    "{label}: want the marker at epoch {n} or {}",
+                    n + 1
+                ));
+            }
         }
         let mut ok = !dropped && r.as_ref().is_ok_and(|x| x.is_ok());
         for _ in 0..30 {

@@ -246,3 +246,71 @@ async fn an_unreachable_server_is_retryable_and_shows_no_password() {
     assert!(!e.to_string().contains("hunter2"), "{e}");
     assert!(e.to_string().contains(&format!(":{port}/")), "{e}");
 }
+
+/// A delivery cut while the server runs its COMMIT (a deferred trigger on the marker table
+/// holds the COMMIT for 1.5 s; the delivery is dropped at 0.5 s): the epoch commits without
+/// its caller hearing so, and the next delivery finds the marker and writes nothing twice.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn a_delivery_cut_during_its_commit_is_found_committed_by_the_next() {
+    let markers = unique("mk");
+    let pg = Pg::new(SHARED, &format!("&marker_table={markers}"));
+    let id = unique("incommit");
+    let log = open(&id);
+    let mut sink = PgSink::new(pg.config());
+    let mut want = epoch(&log.wal, 1, 0..10);
+    assert_eq!(deliver_ready(&log.wal, &mut sink).await.unwrap(), 1);
+    let admin = client(SHARED).await;
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION {markers}_slow() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$; \
+             CREATE CONSTRAINT TRIGGER slow AFTER INSERT OR UPDATE ON {markers} \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {markers}_slow();"
+        ))
+        .await
+        .unwrap();
+    want.extend(epoch(&log.wal, 2, 10..30));
+    let cut = tokio::time::timeout(
+        Duration::from_millis(500),
+        deliver_ready(&log.wal, &mut sink),
+    )
+    .await;
+    assert!(cut.is_err(), "the delivery was not cut: {cut:?}");
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(
+        rows(SHARED, &pg.table, &id, 0).await,
+        want,
+        "the server committed the epoch its caller never heard of"
+    );
+    admin
+        .batch_execute(&format!("DROP TRIGGER slow ON {markers}"))
+        .await
+        .unwrap();
+    assert_eq!(deliver_ready(&log.wal, &mut sink).await.unwrap(), 1);
+    want.extend(epoch(&log.wal, 3, 30..35));
+    assert_eq!(deliver_ready(&log.wal, &mut sink).await.unwrap(), 1);
+    assert_eq!(
+        rows(SHARED, &pg.table, &id, 0).await,
+        want,
+        "once, in order"
+    );
+    let cps: Vec<u64> = sink
+        .committed(&id, 0)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.checkpoint)
+        .collect();
+    assert_eq!(cps, vec![1, 2, 3]);
+    admin
+        .batch_execute(&format!(
+            "DROP TABLE {markers}; DROP FUNCTION {markers}_slow(); DROP TABLE {}",
+            pg.table
+        ))
+        .await
+        .unwrap();
+}

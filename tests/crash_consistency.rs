@@ -73,9 +73,11 @@ fn durable_mode_keeps_every_acknowledged_append_across_crashes() {
     let seeds = env_u64("WALSINK_DURABLE_SIM_SEEDS").unwrap_or(300);
     let start = env_u64("WALSINK_SIM_START").unwrap_or(0);
     let (mut crashes, mut acked, mut delivered, mut failed) = (0, 0, 0, 0);
+    let mut direct = 0;
     for seed in start..start + seeds {
         match simulation::run_durable(seed, 300) {
             Ok(s) => {
+                direct += s.durable_writes;
                 crashes += s.crashes;
                 acked += s.acknowledged;
                 delivered += s.delivered;
@@ -85,7 +87,7 @@ fn durable_mode_keeps_every_acknowledged_append_across_crashes() {
         }
     }
     eprintln!(
-        "{seeds} durable-mode seeds: {crashes} crashes, {acked} acknowledged records, {delivered} epochs delivered, {failed} failed syncs injected"
+        "{seeds} durable-mode seeds: {crashes} crashes, {acked} acknowledged records, {delivered} epochs delivered, {failed} failed syncs injected, {direct} syncs as durable writes"
     );
     // The workload must really crash, fail and deliver, or the test proves nothing.
     assert!(crashes as u64 >= seeds, "only {crashes} crashes");
@@ -98,4 +100,5 @@ fn durable_mode_keeps_every_acknowledged_append_across_crashes() {
         "only {delivered} epochs delivered"
     );
     assert!(failed as u64 >= seeds, "only {failed} failed syncs");
+    assert!(direct >= seeds * 5, "only {direct} durable writes");
 }

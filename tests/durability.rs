@@ -61,12 +61,25 @@ fn durable_append_batch_costs_one_data_sync() {
     let wal = open_sim(&sim, opts("dsyncs").mode(Mode::Durable));
     sim.reset_stats();
     wal.append(b"one").unwrap();
-    assert_eq!((sim.stats().data_syncs, sim.stats().dir_syncs), (1, 0));
+    let s = sim.stats();
+    assert_eq!((s.data_syncs, s.dir_syncs), (1, 0), "{s:?}");
     sim.reset_stats();
     let batch: Vec<Vec<u8>> = values(1, 100);
     wal.append_batch(batch.iter().map(|v| v.as_slice()))
         .unwrap();
-    assert_eq!((sim.stats().data_syncs, sim.stats().dir_syncs), (1, 0));
+    let s = sim.stats();
+    assert_eq!((s.data_syncs, s.dir_syncs), (1, 0), "{s:?}");
+    // One writer alone, nothing else to sync: the sync is one write durable on return
+    // (`O_DIRECT | O_DSYNC` on a real disk), one write in all.
+    assert_eq!((s.durable_writes, s.writes), (1, 1), "{s:?}");
+    sim.reset_stats();
+    wal.append(&[7u8; 4000]).unwrap();
+    let s = sim.stats();
+    assert_eq!(
+        (s.data_syncs, s.durable_writes, s.writes),
+        (1, 1, 1),
+        "{s:?}"
+    );
 }
 
 #[test]

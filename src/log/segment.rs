@@ -2,7 +2,7 @@
 //! a new (or recycled) segment when it is full, and knows which files a sync must cover.
 
 use crate::log::format::{self, FrameKind, Position, Seed, FRAME_HEADER_LEN, SEGMENT_END_RESERVE};
-use crate::storage::{Storage, StorageFile};
+use crate::storage::{Storage, StorageFile, DIRECT_BLOCK};
 use std::io;
 use std::sync::Arc;
 
@@ -72,6 +72,13 @@ pub(crate) struct SegmentWriter {
     /// Bytes of the active file from its start that have been written (with data or zeros),
     /// so their blocks exist: all of a recycled file.
     written: u64,
+    /// The active file's bytes from the start of the block holding `flushed` up to
+    /// `flushed`: what a block-aligned write of the buffer must repeat.
+    tail: Vec<u8>,
+    /// The active file is durable up to here (a sync or a durable write covered it).
+    durable_to: u64,
+    /// The block-aligned bytes of the last [`Self::write_through`], kept for its allocation.
+    scratch: Vec<u8>,
 }
 
 /// How far [`SegmentWriter::zero_ahead`] writes zeros past the data at a time.
@@ -105,6 +112,9 @@ impl SegmentWriter {
             dir_dirty: true,
             zero_ahead: false,
             written,
+            tail: Vec::with_capacity(DIRECT_BLOCK),
+            durable_to: 0,
+            scratch: Vec::new(),
         };
         // The header goes out at once, so a segment file is never seen without one unless
         // a crash dropped it.
@@ -186,6 +196,8 @@ impl SegmentWriter {
         self.dirty.push((old_name, old_file));
         self.seed = next;
         self.flushed = 0;
+        self.tail.clear();
+        self.durable_to = 0;
         self.buf
             .extend_from_slice(&format::encode_segment_header(next));
         self.active_dirty = true;
@@ -213,6 +225,7 @@ impl SegmentWriter {
         let res = self.file.write_at(self.flushed, &self.buf);
         self.buf.truncate(len);
         res?;
+        self.keep_tail();
         self.flushed += len as u64;
         self.buf.clear();
         self.written = self.written.max(self.flushed);
@@ -220,6 +233,65 @@ impl SegmentWriter {
             self.write_zeros();
         }
         Ok(())
+    }
+
+    /// Updates `tail` for the buffer's bytes about to be counted as flushed.
+    fn keep_tail(&mut self) {
+        let end = self.flushed + self.buf.len() as u64;
+        let block = end - end % DIRECT_BLOCK as u64;
+        if block > self.flushed {
+            self.tail.clear();
+            let from = (block - self.flushed) as usize;
+            self.tail.extend_from_slice(&self.buf[from..]);
+        } else {
+            self.tail.extend_from_slice(&self.buf);
+        }
+    }
+
+    /// Makes the buffer durable with one [`StorageFile::write_durable`] of the blocks it
+    /// touches (the tail of the block before it repeated, zeros after it to the block's end),
+    /// when that alone makes everything written durable: nothing flushed since the last sync,
+    /// no other segment or directory change to sync, and the blocks already written and
+    /// synced (so the write allocates nothing). Returns false, having done nothing, when
+    /// that does not hold; then [`Self::take_sync_set`] and a sync do the work.
+    pub fn write_through(&mut self) -> io::Result<bool> {
+        let end = self.flushed + self.buf.len() as u64;
+        let start = self.flushed - self.flushed % DIRECT_BLOCK as u64;
+        // The zeroed frame header past the data, as in `flush`, lies inside the write.
+        let stop = (end + FRAME_HEADER_LEN as u64).next_multiple_of(DIRECT_BLOCK as u64);
+        let eligible = !self.buf.is_empty()
+            && self.dirty.is_empty()
+            && !self.dir_dirty
+            && self.durable_to == self.flushed
+            && stop <= self.capacity
+            && stop <= self.durable_written()
+            && !(self.zero_ahead
+                && self.written < self.capacity
+                && end + ZERO_STEP / 2 > self.written);
+        if !eligible {
+            return Ok(false);
+        }
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&self.tail);
+        self.scratch.extend_from_slice(&self.buf);
+        self.scratch.resize((stop - start) as usize, 0);
+        self.file.write_durable(start, &self.scratch)?;
+        self.keep_tail();
+        self.flushed = end;
+        self.buf.clear();
+        self.durable_to = end;
+        self.active_dirty = false;
+        Ok(true)
+    }
+
+    /// Bytes of the active file whose blocks are written and durable: all of a recycled
+    /// file; of a new one, what the syncs so far covered (data and zeros written ahead).
+    fn durable_written(&self) -> u64 {
+        if self.durable_to == self.flushed {
+            self.written
+        } else {
+            self.durable_to
+        }
     }
 
     /// Writes zeros from the end of what is written to a step past the data. A failure is
@@ -246,6 +318,9 @@ impl SegmentWriter {
             files.push((self.name.clone(), self.file.clone()));
             self.active_dirty = false;
         }
+        // The sync about to run covers everything written to the active file (or fails and
+        // poisons the log, which then writes nothing more).
+        self.durable_to = self.flushed;
         let dir = std::mem::take(&mut self.dir_dirty);
         Ok(SyncSet { files, dir })
     }

@@ -333,6 +333,7 @@ impl DurableRun {
         self.check_sink()?;
         self.check_complete()?;
         self.stats.acknowledged = self.acked.len();
+        self.stats.durable_writes = self.sim.stats().durable_writes;
         Ok(())
     }
 }

@@ -227,6 +227,9 @@ pub struct RunStats {
     pub lenient_recoveries: usize,
     /// Records whose append returned `Ok` (durable-mode runs).
     pub acknowledged: usize,
+    /// Syncs done as one write durable on return (durable-mode runs; see
+    /// [`crate::storage::StorageFile::write_durable`]).
+    pub durable_writes: u64,
 }
 
 /// Runs seed `seed`: `ops` random operations, with up to `crashes` kills armed at random.

@@ -17,6 +17,10 @@ mod sim;
 pub use fs::FsStorage;
 pub use sim::{CrashOptions, FaultOp, SimStats, SimStorage};
 
+/// The block size of [`StorageFile::write_durable`]'s offsets and lengths: the largest
+/// logical block size of common disks, so `O_DIRECT` accepts them.
+pub const DIRECT_BLOCK: usize = 4096;
+
 /// A flat directory of named files: the log directory.
 ///
 /// Directory changes (create, rename, remove) are durable only after [`Storage::sync_dir`]
@@ -61,6 +65,16 @@ pub trait StorageFile: Send + Sync + Debug {
     fn sync_data(&self) -> io::Result<()>;
     /// Sets the file length, cutting or zero-extending it. Durable after `sync_data`.
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Writes all of `data` at `offset` and returns once exactly that range is durable, as
+    /// `write_at` followed by a `sync_data` that covers only this range: writes of other
+    /// ranges not yet synced stay unsynced. The log calls it with `offset` and `data.len()`
+    /// multiples of [`DIRECT_BLOCK`], so a real file can write them with `O_DIRECT |
+    /// O_DSYNC` (one device write, no separate flush of the file). Default: `write_at`,
+    /// then `sync_data`.
+    fn write_durable(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.write_at(offset, data)?;
+        self.sync_data()
+    }
     /// Reads up to `len` bytes at `offset` into one shared buffer (shorter at the end of the
     /// file). Records handed to sinks are slices of it, so there is one copy per range, none
     /// per record. Files are read, never memory-mapped: through a mapping an I/O error, or a

@@ -70,8 +70,10 @@ impl CrashOptions {
 /// Counters of operations, for asserting sync counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SimStats {
-    /// Calls of `sync_data`.
+    /// Calls of `sync_data`, and of `write_durable` (a write and the sync of its range).
     pub data_syncs: u64,
+    /// Calls of `write_durable` (each also counted in `writes` and `data_syncs`).
+    pub durable_writes: u64,
     /// Calls of `sync_dir`.
     pub dir_syncs: u64,
     /// Calls of `write_at` and `set_len`.
@@ -456,6 +458,44 @@ impl StorageFile for SimFile {
             s.stats.data_syncs += 1;
             n.durable = n.data.clone();
             n.pending.clear();
+        })
+    }
+
+    /// Two steps, so a crash can fall between them: the write (unsynced, may tear), then the
+    /// range made durable (a sync point, counted as a data sync). Unsynced writes elsewhere
+    /// in the file stay unsynced; older unsynced writes inside the range can no longer show.
+    fn write_durable(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.write_at(offset, data)?;
+        self.with(FaultOp::SyncData, true, |s, n| {
+            s.stats.data_syncs += 1;
+            s.stats.durable_writes += 1;
+            let (lo, hi) = (offset, offset + data.len() as u64);
+            if (n.durable.len() as u64) < hi {
+                n.durable.resize(hi as usize, 0);
+            }
+            n.durable[lo as usize..hi as usize].copy_from_slice(data);
+            let mut kept = Vec::with_capacity(n.pending.len());
+            for p in n.pending.drain(..) {
+                match p {
+                    Pending::Write { offset: o, data: d } if o < hi && o + d.len() as u64 > lo => {
+                        let end = o + d.len() as u64;
+                        if o < lo {
+                            kept.push(Pending::Write {
+                                offset: o,
+                                data: d[..(lo - o) as usize].to_vec(),
+                            });
+                        }
+                        if end > hi {
+                            kept.push(Pending::Write {
+                                offset: hi,
+                                data: d[(hi - o) as usize..].to_vec(),
+                            });
+                        }
+                    }
+                    other => kept.push(other),
+                }
+            }
+            n.pending = kept;
         })
     }
 

@@ -757,6 +757,18 @@ impl Shared {
             };
             self.write_barrier(w, id.max(1), &[])?;
         }
+        // One durable appender alone: one write that is durable on return, under the lock
+        // (nobody else is there to append meanwhile), instead of a write and a sync.
+        if self.opts.mode == Mode::Durable && self.gather.alone() {
+            let done = w
+                .seg
+                .write_through()
+                .map_err(|e| self.poison(w, "write to the active segment", e))?;
+            if done {
+                self.gather.sync_starts();
+                return Ok(crate::log::segment::SyncSet::default());
+            }
+        }
         let set = w
             .seg
             .take_sync_set()
@@ -784,6 +796,8 @@ impl Shared {
                 // Appenders are on their way: let this sync cover them too.
                 MutexGuard::unlocked(&mut w, || self.gather.wait_for_writers());
             }
+            // Timed from here: a write through in `prepare_sync` is the sync's work.
+            let started = std::time::Instant::now();
             let set = match self.prepare_sync(&mut w) {
                 Ok(set) => set,
                 Err(e) => {
@@ -793,7 +807,6 @@ impl Shared {
                 }
             };
             let upto = w.seg.position();
-            let started = std::time::Instant::now();
             let res = MutexGuard::unlocked(&mut w, || set.sync(&*self.storage));
             self.gather.note_sync(started.elapsed());
             w.sync_in_flight = false;

@@ -70,11 +70,12 @@ impl Gathering {
         self.pending.load(Ordering::SeqCst) < self.expected()
     }
 
-    /// Whether the caller is the only durable appender about: the last sync covered at most
-    /// one, and no other has arrived. Then nobody could add to the next sync while it runs,
-    /// and it may as well run under the writer lock.
+    /// Whether the caller is the only durable appender about: it arrived (an `append` or
+    /// `append_batch`, not a `make_durable` that others' unsynced appends may be racing),
+    /// the last sync covered at most one, and no other has arrived. Then nobody is expected
+    /// to add to the next sync while it runs, and it may as well run under the writer lock.
     pub(crate) fn alone(&self) -> bool {
-        self.last_batch.load(Ordering::Relaxed) <= 1 && self.arrived.load(Ordering::SeqCst) <= 1
+        self.last_batch.load(Ordering::Relaxed) <= 1 && self.arrived.load(Ordering::SeqCst) == 1
     }
 
     /// Waits (without any lock held) until the expected appenders have written, or half the

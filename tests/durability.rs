@@ -328,3 +328,190 @@ fn committed_segments_are_freed_and_recycled() {
     );
     assert_eq!(sink.records().len(), 200);
 }
+
+/// The real filesystem, with every durable write checked before it is made: it must land on
+/// blocks the file already has (no hole in its range, not past the end), so that it never
+/// has to allocate. Counts durable writes, and those into recycled files.
+mod checked_fs {
+    use parking_lot::Mutex;
+    use std::collections::HashSet;
+    use std::io;
+    use std::os::fd::AsRawFd;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+    use walsink::storage::{FsStorage, Storage, StorageFile};
+
+    #[derive(Debug, Default)]
+    pub struct Seen {
+        pub durable_writes: usize,
+        pub into_recycled: usize,
+        pub violations: Vec<String>,
+        recycled: HashSet<String>,
+    }
+
+    #[derive(Debug)]
+    pub struct Checked {
+        pub inner: FsStorage,
+        pub dir: PathBuf,
+        pub seen: Arc<Mutex<Seen>>,
+    }
+
+    #[derive(Debug)]
+    struct File {
+        inner: Arc<dyn StorageFile>,
+        path: PathBuf,
+        name: String,
+        seen: Arc<Mutex<Seen>>,
+    }
+
+    impl Checked {
+        fn wrap(&self, name: &str, inner: Arc<dyn StorageFile>) -> Arc<dyn StorageFile> {
+            Arc::new(File {
+                inner,
+                path: self.dir.join(name),
+                name: name.to_string(),
+                seen: self.seen.clone(),
+            })
+        }
+    }
+
+    impl Storage for Checked {
+        fn list(&self) -> io::Result<Vec<String>> {
+            self.inner.list()
+        }
+        fn open(&self, name: &str) -> io::Result<Arc<dyn StorageFile>> {
+            Ok(self.wrap(name, self.inner.open(name)?))
+        }
+        fn create(&self, name: &str) -> io::Result<Arc<dyn StorageFile>> {
+            self.seen.lock().recycled.remove(name);
+            Ok(self.wrap(name, self.inner.create(name)?))
+        }
+        fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+            self.inner.rename(from, to)?;
+            if from.ends_with(".free") {
+                self.seen.lock().recycled.insert(to.to_string());
+            }
+            Ok(())
+        }
+        fn remove(&self, name: &str) -> io::Result<()> {
+            self.inner.remove(name)
+        }
+        fn sync_dir(&self) -> io::Result<()> {
+            self.inner.sync_dir()
+        }
+        fn check_alive(&self) -> io::Result<()> {
+            self.inner.check_alive()
+        }
+        fn lock(&self, name: &str) -> io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
+            self.inner.lock(name)
+        }
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+    }
+
+    impl StorageFile for File {
+        fn len(&self) -> io::Result<u64> {
+            self.inner.len()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+            self.inner.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            self.inner.write_at(offset, data)
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            self.inner.sync_data()
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.inner.set_len(len)
+        }
+        fn data_prefix(&self) -> io::Result<u64> {
+            self.inner.data_prefix()
+        }
+        fn write_durable(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            let end = offset + data.len() as u64;
+            // Asked of the file itself, not of the library: the next hole at or after
+            // `offset` (the end of the file counts as one; past the end is ENXIO).
+            let f = std::fs::File::open(&self.path)?;
+            // SAFETY: lseek on a descriptor owned by `f`.
+            let hole = match unsafe { libc::lseek(f.as_raw_fd(), offset as i64, libc::SEEK_HOLE) } {
+                h if h < 0 => Err(io::Error::last_os_error()),
+                h => Ok(h as u64),
+            };
+            let mut seen = self.seen.lock();
+            seen.durable_writes += 1;
+            if seen.recycled.contains(&self.name) {
+                seen.into_recycled += 1;
+            }
+            if !matches!(hole, Ok(h) if h >= end) {
+                let msg = format!(
+                    "durable write [{offset}, {end}) of {} allocates: next hole {hole:?}, \
+                     file length {:?}",
+                    self.name,
+                    self.inner.len()
+                );
+                seen.violations.push(msg);
+            }
+            drop(seen);
+            self.inner.write_durable(offset, data)
+        }
+    }
+}
+
+/// A durable write never has to allocate blocks, also in a recycled file that is shorter than
+/// the segment (the segment size grew since it was written) or that ends in a hole (its segment
+/// was closed early, as at every open).
+#[test]
+fn durable_writes_never_allocate_in_recycled_files() {
+    use parking_lot::Mutex;
+    use walsink::storage::FsStorage;
+    let dir = tempfile::tempdir().unwrap();
+    let durable = |seg: u64| {
+        let mut o = opts("recycled")
+            .mode(Mode::Durable)
+            .segment_size(seg)
+            .recycle_segments(true);
+        o.max_free_segments = 8;
+        o
+    };
+    let rec = |i: u32| format!("{i:>1000}").into_bytes();
+    let mut want = Vec::new();
+    let mut sink = MemorySink::new();
+    // Small segments, several of them closed early by reopening, all freed.
+    for round in 0..3u32 {
+        let (wal, _) = WalSink::open(dir.path(), durable(64 << 10)).unwrap();
+        for i in 0..(90 + 20 * round) {
+            let r = rec(round * 1000 + i);
+            wal.append(&r).unwrap();
+            want.push(r);
+            if i % 20 == 19 {
+                wal.deliver_ready(&mut sink).unwrap();
+            }
+        }
+        wal.deliver_ready(&mut sink).unwrap();
+    }
+    // Larger segments from now on: the free files are recycled into them.
+    let seen = Arc::new(Mutex::new(checked_fs::Seen::default()));
+    let storage = checked_fs::Checked {
+        inner: FsStorage::new(dir.path()).unwrap(),
+        dir: dir.path().to_path_buf(),
+        seen: seen.clone(),
+    };
+    let (wal, _) = WalSink::open_with_storage(Arc::new(storage), durable(256 << 10)).unwrap();
+    for i in 0..1200 {
+        let r = rec(10_000 + i);
+        wal.append(&r).unwrap();
+        want.push(r);
+        if i % 50 == 49 {
+            wal.deliver_ready(&mut sink).unwrap();
+        }
+    }
+    wal.deliver_ready(&mut sink).unwrap();
+    assert_eq!(sink.records(), want);
+    let seen = seen.lock();
+    assert!(seen.violations.is_empty(), "{:#?}", seen.violations);
+    // Not vacuous: most appends were one durable write, and many went into recycled files.
+    assert!(seen.durable_writes > 600, "{seen:?}");
+    assert!(seen.into_recycled > 300, "{seen:?}");
+}

@@ -70,7 +70,7 @@ pub(crate) struct SegmentWriter {
     /// Write zeros ahead of the data (see [`Self::zero_ahead`]).
     zero_ahead: bool,
     /// Bytes of the active file from its start that have been written (with data or zeros),
-    /// so their blocks exist: all of a recycled file.
+    /// so their blocks exist: of a recycled file, up to its first hole.
     written: u64,
     /// The active file's bytes from the start of the block holding `flushed` up to
     /// `flushed`: what a block-aligned write of the buffer must repeat.
@@ -94,8 +94,7 @@ impl SegmentWriter {
         capacity: u64,
         buf_limit: usize,
     ) -> io::Result<Self> {
-        let written = written_at_start(&source, capacity);
-        let (name, file) = open_segment(&*storage, seed.seq, source, capacity)?;
+        let (name, file, written) = open_segment(&*storage, seed.seq, source, capacity)?;
         let mut buf = Vec::with_capacity(buf_limit + 4096);
         buf.extend_from_slice(&format::encode_segment_header(seed));
         let mut w = SegmentWriter {
@@ -188,8 +187,7 @@ impl SegmentWriter {
             seq: self.seed.seq + 1,
             salt,
         };
-        let written = written_at_start(&source, self.capacity);
-        let (name, file) = open_segment(&*self.storage, next.seq, source, self.capacity)?;
+        let (name, file, written) = open_segment(&*self.storage, next.seq, source, self.capacity)?;
         self.written = written;
         let old_name = std::mem::replace(&mut self.name, name);
         let old_file = std::mem::replace(&mut self.file, file);
@@ -284,8 +282,8 @@ impl SegmentWriter {
         Ok(true)
     }
 
-    /// Bytes of the active file whose blocks are written and durable: all of a recycled
-    /// file; of a new one, what the syncs so far covered (data and zeros written ahead).
+    /// Bytes of the active file whose blocks are written and durable: of a recycled file,
+    /// up to its first hole; of a new one, what the syncs so far covered (data and zeros written ahead).
     fn durable_written(&self) -> u64 {
         if self.durable_to == self.flushed {
             self.written
@@ -326,37 +324,39 @@ impl SegmentWriter {
     }
 }
 
-/// Bytes of a segment known to be written when it becomes active.
-fn written_at_start(source: &NewSegment, capacity: u64) -> u64 {
-    match source {
-        NewSegment::Create => 0,
-        NewSegment::Recycle(_) => capacity,
-    }
-}
-
+/// Opens the segment file: its name, the file, and how many bytes from its start are
+/// known to have blocks (see [`SegmentWriter::written`]).
 fn open_segment(
     storage: &dyn Storage,
     seq: u64,
     source: NewSegment,
     capacity: u64,
-) -> io::Result<(String, Arc<dyn StorageFile>)> {
+) -> io::Result<(String, Arc<dyn StorageFile>, u64)> {
     let name = format::segment_name(seq);
-    let file = match source {
+    // Preallocate: a sync that does not have to grow the file is measurably cheaper
+    // (docs/benchmarks.md). The size is set without writing, so it costs no bandwidth.
+    let (file, written) = match source {
         NewSegment::Create => {
-            // Preallocate: a sync that does not have to grow the file is measurably cheaper
-            // (docs/benchmarks.md). The size is set without writing, so it costs no bandwidth.
             let f = storage.create(&name)?;
             f.set_len(capacity)?;
-            f
+            (f, 0)
         }
         NewSegment::Recycle(free) => {
             storage.rename(&format::free_name(free), &name)?;
-            storage.open(&name)?
+            let f = storage.open(&name)?;
+            // A recycled file has blocks up to its first hole only: it may be shorter than
+            // the segment size (the size grew since it was written), or end in a hole (its
+            // segment was closed early, as at every open).
+            let written = f.data_prefix()?.min(capacity);
+            if f.len()? < capacity {
+                f.set_len(capacity)?;
+            }
+            (f, written)
         }
     };
     // The caller writes the header at once; stale frames of a recycled file stay behind it
     // but never verify, as every frame's checksum covers the segment's seed.
-    Ok((name, file))
+    Ok((name, file, written))
 }
 
 #[cfg(test)]

@@ -260,6 +260,11 @@ impl DurableRun {
     fn reopen(&mut self) -> Result<(), SimFailure> {
         self.sim.clear_faults();
         self.poisoned = false;
+        // A log may be opened again with another segment size: recycled files are then
+        // shorter or longer than the segments they become.
+        if self.rng.u8(..4) == 0 {
+            self.opts = self.opts.clone().segment_size(self.rng.u64(4096..32768));
+        }
         loop {
             match WalSink::open_with_storage(Arc::new(self.sim.clone()), self.opts.clone()) {
                 Ok((wal, _)) => {

@@ -75,6 +75,13 @@ pub trait StorageFile: Send + Sync + Debug {
         self.write_at(offset, data)?;
         self.sync_data()
     }
+    /// Bytes from the start of the file up to its first hole (a range with no blocks
+    /// allocated, as a file extended by `set_len` has), or its length if it has none: what
+    /// a write can cover without allocating. The log asks it of a recycled segment, whose
+    /// blocks a durable write should not have to allocate. Default: the length.
+    fn data_prefix(&self) -> io::Result<u64> {
+        self.len()
+    }
     /// Reads up to `len` bytes at `offset` into one shared buffer (shorter at the end of the
     /// file). Records handed to sinks are slices of it, so there is one copy per range, none
     /// per record. Files are read, never memory-mapped: through a mapping an I/O error, or a

@@ -255,3 +255,35 @@ fn a_free_file_holding_another_segments_frames_is_never_reused() {
     let (_, report) = WalSink::open_with_storage(std::sync::Arc::new(sim.clone()), o).unwrap();
     assert!(!report.pending.contains(&5), "{report:?}");
 }
+
+/// A file numbered above the largest segment number a log uses (2^63 - 1), which only a hand
+/// can put there, is refused at open with an error naming the number: no panic on the
+/// overflowing `seq + 1`, no segment numbers that wrap, nothing of the log changed; without
+/// it the log opens with everything it had.
+#[test]
+fn a_file_numbered_past_the_largest_segment_number_is_refused() {
+    for name in [
+        "18446744073709551615.wseg",
+        "18446744073709551614.free",
+        "09223372036854775808.wseg",
+        "18446744073709551615.wseg.damaged",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        write_checkpoints(dir.path(), small(), 1..=3, 20, 300);
+        fs::write(dir.path().join(name), vec![0u8; 8192]).unwrap();
+        let before: Vec<_> = segments(dir.path());
+        let e = WalSink::open(dir.path(), small())
+            .err()
+            .unwrap_or_else(|| panic!("{name}: opened"));
+        let text = e.to_string();
+        let number = name.split('.').next().unwrap().trim_start_matches('0');
+        assert!(
+            text.contains(number) && text.contains("largest segment number"),
+            "{name}: {text}"
+        );
+        assert_eq!(segments(dir.path()), before, "{name}");
+        fs::remove_file(dir.path().join(name)).unwrap();
+        let (_, report) = WalSink::open(dir.path(), small()).unwrap();
+        assert_eq!(report.pending, vec![1, 2, 3], "{name}");
+    }
+}

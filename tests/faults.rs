@@ -128,6 +128,64 @@ fn a_full_disk_drains_through_delivery_by_itself() {
     assert!(v.ok, "{:?}", v.problems);
 }
 
+/// The same full disk, with the process gone before anything was delivered (the sink was
+/// down): the log must open again on the still-full disk, its new segment taking the first
+/// block from the reserve, and then drain through delivery, with nobody freeing space by hand.
+#[test]
+fn a_full_disk_drains_after_a_restart() {
+    if !need_root("full_disk_restart") {
+        return;
+    }
+    for mode in [walsink::Mode::Checkpointed, walsink::Mode::Durable] {
+        let fs = Tmpfs::mount("2m");
+        let wal_dir = fs.0.join("wal");
+        let o = opts("restart").segment_size(64 << 10).mode(mode);
+        let (wal, _) = WalSink::open(&wal_dir, o.clone()).unwrap();
+        let mut complete = Vec::new();
+        let mut acked = 0;
+        'outer: for cp in 1..100_000u64 {
+            for i in 0..40 {
+                let r = format!("cp {cp} rec {i} {}", "f".repeat(200));
+                if wal.append(r.as_bytes()).is_err() {
+                    break 'outer;
+                }
+                acked += 1;
+            }
+            if mode == walsink::Mode::Durable {
+                continue;
+            }
+            if wal.checkpoint(cp, b"").is_err() {
+                break;
+            }
+            wal.checkpoint_complete(cp).unwrap();
+            complete.push(cp);
+        }
+        drop(wal);
+        assert!(std::fs::write(fs.0.join("probe"), vec![0u8; 8192]).is_err());
+        let (wal, report) = WalSink::open(&wal_dir, o.clone())
+            .unwrap_or_else(|e| panic!("{mode:?}: reopen on the full disk: {e}"));
+        if let Some(&last) = complete.last() {
+            wal.checkpoint_complete(last).unwrap();
+        }
+        let mut sink = MemorySink::new();
+        wal.deliver_ready(&mut sink)
+            .unwrap_or_else(|e| panic!("{mode:?}: delivery after the restart: {e}"));
+        let want = if mode == walsink::Mode::Durable {
+            acked
+        } else {
+            complete.len() * 40
+        };
+        assert!(want > 800, "{mode:?}: {want} {report:?}");
+        assert_eq!(sink.records().len(), want, "{mode:?}");
+        drop(wal);
+        let (wal, _) = WalSink::open(&wal_dir, o).unwrap();
+        for i in 0..200 {
+            wal.append(format!("after {i} {}", "a".repeat(200)).as_bytes())
+                .unwrap_or_else(|e| panic!("{mode:?}: append after the drain: {e}"));
+        }
+    }
+}
+
 fn chattr(flag: &str, p: &Path) {
     assert!(Command::new("chattr")
         .arg(flag)

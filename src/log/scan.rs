@@ -138,8 +138,13 @@ impl Scan {
     }
 }
 
-/// Reads the directory and scans every segment. Fails only on I/O errors and on files of an
-/// unsupported version; damage is described in the result.
+/// The largest segment number a log uses: 2^63 - 1 rolls are never reached, and the numbers
+/// after it (`seq + 1`) cannot overflow.
+pub(crate) const MAX_SEQ: u64 = u64::MAX >> 1;
+
+/// Reads the directory and scans every segment. Fails only on I/O errors, on files of an
+/// unsupported version and on a file numbered above [`MAX_SEQ`]; damage is described in the
+/// result.
 pub(crate) fn scan(storage: &dyn Storage) -> Result<Scan> {
     let mut scan = Scan::default();
     let names = storage
@@ -164,6 +169,19 @@ pub(crate) fn scan(storage: &dyn Storage) -> Result<Scan> {
         } else if name != LOCK_FILE && name != RESERVE_FILE {
             scan.unexpected.push(name);
         }
+    }
+    if scan.max_seq_seen > MAX_SEQ {
+        return Err(Error::io(
+            format!("open {}", storage.describe()),
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "a file numbered {} is there, above the largest segment number a log \
+                     uses ({MAX_SEQ}): not a file this log wrote (renamed or made by hand?)",
+                    scan.max_seq_seen
+                ),
+            ),
+        ));
     }
     scan.segments.sort_unstable();
     scan.free.sort_unstable();

@@ -208,23 +208,41 @@ impl WalSink {
                 NewSegment::Create
             }
         };
-        let seg = SegmentWriter::start(
-            storage.clone(),
-            format::Seed {
-                seq: next_seq,
-                salt: salt_rng.u64(..),
-            },
-            source,
-            options.segment_size,
-            options.write_buffer_size,
-        )
-        .map(|seg| seg.zero_ahead(options.mode == Mode::Durable))
-        .map_err(|e| {
-            Error::io(
-                format!("create segment {}", format::segment_name(next_seq)),
-                e,
+        let seed = format::Seed {
+            seq: next_seq,
+            salt: salt_rng.u64(..),
+        };
+        let create = matches!(source, NewSegment::Create);
+        let start = |source| {
+            SegmentWriter::start(
+                storage.clone(),
+                seed,
+                source,
+                options.segment_size,
+                options.write_buffer_size,
             )
-        })?;
+        };
+        let seg = match start(source) {
+            // A full disk: the reserve kept for the commit mark gives the new segment its
+            // first block, so the log opens and delivery can drain it (the reserve comes back
+            // once delivery freed room). A recycled file was renamed already: not retried.
+            Err(e) if create && crate::storage::reserve::is_full(&e) => {
+                if crate::storage::reserve::release(&*storage) {
+                    start(NewSegment::Create)
+                } else {
+                    Err(e)
+                }
+            }
+            r => r,
+        };
+        let seg = seg
+            .map(|seg| seg.zero_ahead(options.mode == Mode::Durable))
+            .map_err(|e| {
+                Error::io(
+                    format!("create segment {}", format::segment_name(next_seq)),
+                    e,
+                )
+            })?;
         // One directory sync covers the repairs above and the new segment's name.
         storage
             .sync_dir()

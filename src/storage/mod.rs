@@ -78,7 +78,9 @@ pub trait StorageFile: Send + Sync + Debug {
     /// Bytes from the start of the file up to its first hole (a range with no blocks
     /// allocated, as a file extended by `set_len` has), or its length if it has none: what
     /// a write can cover without allocating. The log asks it of a recycled segment, whose
-    /// blocks a durable write should not have to allocate. Default: the length.
+    /// blocks a durable write should not have to allocate. Default: the length, which trusts
+    /// every byte to have blocks; a storage that wraps another should forward this call, or
+    /// durable writes into a recycled file's holes allocate (correct, but slower).
     fn data_prefix(&self) -> io::Result<u64> {
         self.len()
     }

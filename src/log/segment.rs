@@ -283,7 +283,8 @@ impl SegmentWriter {
     }
 
     /// Bytes of the active file whose blocks are written and durable: of a recycled file,
-    /// up to its first hole; of a new one, what the syncs so far covered (data and zeros written ahead).
+    /// up to its first hole; of a new one, what the syncs so far covered (data and zeros
+    /// written ahead).
     fn durable_written(&self) -> u64 {
         if self.durable_to == self.flushed {
             self.written
@@ -348,7 +349,8 @@ fn open_segment(
             // the segment size (the size grew since it was written), or end in a hole (its
             // segment was closed early, as at every open).
             let written = f.data_prefix()?.min(capacity);
-            if f.len()? < capacity {
+            // Only a file with a hole before `capacity` can be shorter than it.
+            if written < capacity && f.len()? < capacity {
                 f.set_len(capacity)?;
             }
             (f, written)

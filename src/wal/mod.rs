@@ -164,8 +164,6 @@ impl WalSink {
         options.sanitize()?;
         let lock = bootstrap::take_lock(&*storage)?;
         let fresh = bootstrap::check_identity(&*storage, &options)?;
-        // Room for the commit mark on a full disk (best effort: a full disk has none to give).
-        crate::storage::reserve::keep(&*storage);
         let mut committed = store.last_committed(&options.sink_id, options.subtask)?;
         let floor = if store.survives_restart() {
             None
@@ -223,15 +221,16 @@ impl WalSink {
             )
         };
         let seg = match start(source) {
-            // A full disk: the reserve kept for the commit mark gives the new segment its
-            // first block, so the log opens and delivery can drain it (the reserve comes back
-            // once delivery freed room). A recycled file was renamed already: not retried.
-            Err(e) if create && crate::storage::reserve::is_full(&e) => {
-                if crate::storage::reserve::release(&*storage) {
-                    start(NewSegment::Create)
-                } else {
-                    Err(e)
-                }
+            // A full disk, the reserve left from the last run holding the last blocks: it
+            // gives the new segment its first block, so the log opens and delivery can drain
+            // it (the reserve comes back below or once delivery freed room). A recycled file
+            // was renamed already: not retried.
+            Err(e)
+                if create
+                    && crate::storage::reserve::is_full(&e)
+                    && crate::storage::reserve::release(&*storage) =>
+            {
+                start(NewSegment::Create)
             }
             r => r,
         };
@@ -249,6 +248,9 @@ impl WalSink {
             .map_err(|e| Error::io(format!("sync directory {}", storage.describe()), e))?;
         let mut seg = seg;
         seg.dir_synced();
+        // Room for the commit mark on a full disk (best effort: a full disk has none to give),
+        // taken after the new segment's first block, which the log cannot open without.
+        crate::storage::reserve::keep(&*storage);
         let synced = bootstrap::reserve_dropped_ids(&*storage, &mut seg, &report, durable_end)?
             .unwrap_or(durable_end);
         keep.push(next_seq);

@@ -246,8 +246,8 @@ async fn walsink_round(
     let round = meter.stop();
     let st = sink.stats();
     eprintln!(
-        "  (walsink round: {:.2?} = planning {:.2?} + statements {:.2?} ({} sent, {} plain inserts) + commits {:.2?} + the rest)",
-        round.wall, st.planning, st.statements, st.sent, st.inserts, st.committing
+        "  (walsink round: {:.2?} = planning {:.2?} + statements {:.2?} ({} sent, {} unguarded, {} plain inserts) + commits {:.2?} + the rest)",
+        round.wall, st.planning, st.statements, st.sent, st.unguarded, st.inserts, st.committing
     );
     assert_eq!(n, lines.len().div_ceil(epoch));
     round

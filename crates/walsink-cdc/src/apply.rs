@@ -236,6 +236,8 @@ struct High {
     stored: Option<i64>,
     /// The high-water now, raised by every step this transaction sent.
     now: i64,
+    /// The high-water when the epoch first touched the table (what earlier epochs left).
+    start: i64,
 }
 
 /// The high-water of each table this epoch touched, locked until the epoch commits.
@@ -544,7 +546,8 @@ impl CdcSink {
                         refused,
                     };
                     let ready =
-                        statements_for(&tx, statements, &at, &mut highs, steps, stats).await;
+                        statements_for(&tx, statements, &at, &mut highs, steps, &planner, stats)
+                            .await;
                     inflight.send(&tx, ready, stats).await?;
                 }
             }
@@ -562,7 +565,8 @@ impl CdcSink {
                 break;
             }
             inflight.make_room(stats).await?;
-            let ready = statements_for(&tx, statements, &at, &mut highs, steps, stats).await;
+            let ready =
+                statements_for(&tx, statements, &at, &mut highs, steps, &planner, stats).await;
             inflight.send(&tx, ready, stats).await?;
         }
         inflight.wait_all(stats).await?;
@@ -1182,19 +1186,8 @@ fn run_floors(steps: &[Step], spelled: &[bool]) -> HashMap<usize, i64> {
             }
             Step::Deletes { table, rows } | Step::Upserts { table, rows, .. } => {
                 let first = *open.entry(table.as_str()).or_insert(i);
-                // A created row also rests on its key's first event in the run, which may be
-                // an older, replayed create (see `Change::opened`).
                 let low = if spelled[i] {
-                    rows.iter()
-                        .map(|c| {
-                            if c.created {
-                                c.rank.min(c.opened)
-                            } else {
-                                c.rank
-                            }
-                        })
-                        .min()
-                        .unwrap_or(i64::MAX)
+                    rows.iter().map(|c| c.rank).min().unwrap_or(i64::MAX)
                 } else {
                     i64::MIN
                 };
@@ -1204,6 +1197,24 @@ fn run_floors(steps: &[Step], spelled: &[bool]) -> HashMap<usize, i64> {
         }
     }
     floors
+}
+
+/// Whether an upsert row of an unguarded run (every rank above the table's high-water) may go
+/// as a plain insert: its key's first event in the run created it ([`Change::created`]), and
+/// nothing the table holds can be of that key. That is so when that first event
+/// ([`Change::opened`]) ranks above everything the table held when the epoch began (`start`)
+/// and the table's events in the epoch came in rising rank order (`in_order`): the key's
+/// earlier events, sent before, left it without a row, as the source had it before the
+/// create, and none of its later events was sent before it. Otherwise only when the create
+/// ranks above everything sent so far (`now`, the high-water at the run's start). A guess
+/// that is wrong costs a retry, never a row: the insert meets the key's row, the epoch rolls
+/// back and the table gets upserts (see [`INSERT`]).
+///
+/// [`Change::created`]: crate::plan::Change::created
+/// [`Change::opened`]: crate::plan::Change::opened
+fn plain_insert(c: &crate::plan::Change, start: i64, now: i64, in_order: bool) -> bool {
+    let first = c.opened.min(c.rank);
+    c.created && first > if in_order { start } else { now }
 }
 
 /// Changes an epoch's planner holds at most (unless `max_held` is lower): see [`window`].
@@ -1423,6 +1434,7 @@ async fn statements_for(
     at: &Tables<'_>,
     highs: &mut Highs,
     steps: Vec<Step>,
+    planner: &Planner,
     stats: &mut Stats,
 ) -> Result<Vec<Ready>, SinkError> {
     let Tables {
@@ -1444,8 +1456,8 @@ async fn statements_for(
     let floors = run_floors(&steps, &spelled);
     let r = async {
         let mut ready = Vec::new();
-        // The guard of each table's current run.
-        let mut guarded: HashMap<String, bool> = HashMap::new();
+        // The guard of each table's current run, and the high-water at its start.
+        let mut guarded: HashMap<String, (bool, i64)> = HashMap::new();
         for (i, step) in steps.into_iter().enumerate() {
             let table = match &step {
                 // Ends the run (see `run_floors`): the next step's run is compared with
@@ -1461,7 +1473,7 @@ async fn statements_for(
             }
             let high = highs.get_mut(&table).expect("inserted above");
             if let Some(floor) = floors.get(&i) {
-                guarded.insert(table.clone(), *floor <= high.now);
+                guarded.insert(table.clone(), (*floor <= high.now, high.now));
             }
             let (kind, columns, rows) = match step {
                 Step::Truncate { table, rank, at } => {
@@ -1481,21 +1493,25 @@ async fn statements_for(
             high.now = high
                 .now
                 .max(rows.iter().map(|c| c.rank).max().unwrap_or(i64::MIN));
+            let (run_guarded, run_high) = guarded[&table];
             let shape = Shape {
                 kind,
-                guarded: guarded[&table],
+                guarded: run_guarded,
                 one_spelling: spelled[i],
             };
             // Created keys of an unguarded run (every rank above anything the table holds, so
-            // no tombstone or newer row can refuse them) go as a plain insert, unless the
-            // table had a created key there before.
+            // no tombstone or newer row can refuse them) go as a plain insert when nothing
+            // the table holds can be of their keys (see `plain_insert`), unless the table had
+            // a created key there before.
             let (created, rows): (Vec<_>, Vec<_>) = if kind == UPSERT
                 && !shape.guarded
                 && shape.one_spelling
                 && tables[&table].key_index.is_some()
                 && !refused.lock().expect("not poisoned").contains(&table)
             {
-                rows.into_iter().partition(|c| c.created)
+                let (start, in_order) = (high.start, planner.in_order(&table));
+                rows.into_iter()
+                    .partition(|c| plain_insert(c, start, run_high, in_order))
             } else {
                 (Vec::new(), rows)
             };
@@ -1725,7 +1741,11 @@ async fn lock_high(
         .map_err(err)?;
     let stored: Option<i64> = row.get(0);
     if let Some(high) = stored {
-        return Ok(High { stored, now: high });
+        return Ok(High {
+            stored,
+            now: high,
+            start: high,
+        });
     }
     let row = tx
         .query_one(
@@ -1738,10 +1758,11 @@ async fn lock_high(
         )
         .await
         .map_err(err)?;
-    let computed: Option<i64> = row.get(0);
+    let computed = row.get::<_, Option<i64>>(0).unwrap_or(i64::MIN);
     Ok(High {
         stored: None,
-        now: computed.unwrap_or(i64::MIN),
+        now: computed,
+        start: computed,
     })
 }
 
@@ -1918,8 +1939,20 @@ mod tests {
         let mut created = change(4, 20);
         created.created = true;
         created.opened = 10;
-        let floors = run_floors(&[up("c", vec![created])], &[true]);
-        assert_eq!(floors.get(&0), Some(&10));
+        let floors = run_floors(&[up("c", vec![created.clone()])], &[true]);
+        assert_eq!(
+            floors.get(&0),
+            Some(&20),
+            "the guard rests on the ranks sent"
+        );
+        // ... but that create does not make the row a plain insert unless the table held
+        // nothing of rank 10 or above when the epoch began, and the table's events came in
+        // order (else only if nothing sent so far in the epoch ranks 10 or above).
+        assert!(plain_insert(&created, 9, 15, true));
+        assert!(!plain_insert(&created, 10, 10, true));
+        assert!(!plain_insert(&created, 9, 15, false));
+        assert!(plain_insert(&created, 5, 9, false));
+        assert!(!plain_insert(&change(4, 20), 0, 0, true), "not created");
     }
 
     #[test]

@@ -64,8 +64,10 @@ pub struct Change {
     pub created: bool,
     /// The lowest rank that `created` rests on: the rank of the key's first event in the run
     /// (a replayed create can be older than the update that wins over it). A caller that
-    /// takes `created` without the guard must know this rank is above everything the table
-    /// holds too. The change's own rank when the change is that first event.
+    /// takes `created` without the guard must know that nothing the table holds can be of a
+    /// later event of the key: this rank above everything the table held before the events
+    /// were sent, with the events in rank order (see [`Planner::in_order`]), or above
+    /// everything it holds now. The change's own rank when the change is that first event.
     pub opened: i64,
 }
 
@@ -162,6 +164,8 @@ pub struct Planner {
     tables: HashMap<String, Winners>,
     out: Vec<Step>,
     held: usize,
+    /// Each table's last rank pushed, and whether every rank pushed for it so far rose.
+    order: HashMap<String, (i64, bool)>,
 }
 
 /// The canonical text of a key: each key column's value as text (a string as itself, a number
@@ -226,6 +230,13 @@ impl Planner {
         self.held
     }
 
+    /// Whether every event pushed for `table` so far ranked above the one before it (true
+    /// for a table with no event yet): an upstream in order, where a key held with a create
+    /// as its first event cannot have been written by anything sent of a later event.
+    pub fn in_order(&self, table: &str) -> bool {
+        self.order.get(table).is_none_or(|&(_, rising)| rising)
+    }
+
     /// Adds one event for table `meta`, found at `at` (its images are moved, not copied).
     pub fn push(
         &mut self,
@@ -234,6 +245,15 @@ impl Planner {
         at: RecordPosition,
     ) -> Result<(), PlanError> {
         let rank = e.rank();
+        match self.order.get_mut(&meta.name) {
+            Some((last, rising)) => {
+                *rising &= rank >= *last;
+                *last = rank;
+            }
+            None => {
+                self.order.insert(meta.name.clone(), (rank, true));
+            }
+        }
         match e.op {
             Op::Truncate => {
                 self.flush_table(&meta.name);

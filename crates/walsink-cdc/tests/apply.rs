@@ -526,6 +526,68 @@ async fn in_order_epochs_go_unguarded_and_anything_reaching_back_goes_guarded() 
     t.drop_schema().await;
 }
 
+/// An upstream in order whose epoch is sent in several flushes: a key created early and
+/// changed late is held until after keys created later have been sent, so its create ranks
+/// below what the table holds by then. The statements still go unguarded (every rank sent is
+/// above it) and such a key still goes as a plain insert (nothing the table held when the
+/// epoch began, and nothing sent of a later event, can be of its key): a few snapshot reads at
+/// one position (all in the first flush: reads of one rank sent in two flushes put the second
+/// under the guard), then creates, each key changed again about 1,500 events later.
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn an_epoch_in_order_sent_in_several_flushes_stays_unguarded_and_inserts_created_keys() {
+    let mut t = Target::new("inorder", "").await;
+    let mut events = Vec::new();
+    let mut want = std::collections::BTreeMap::new();
+    for id in 0..400 {
+        events.push(ev("r", 500, None, Some((id, "snap"))));
+        want.insert(id, "snap".to_string());
+    }
+    let mut lsn = 1000;
+    for id in 400..15_000 {
+        lsn += 1;
+        events.push(ev("c", lsn, None, Some((id, "new"))));
+        want.insert(id, "new".to_string());
+        if id % 3 == 0 && id >= 4500 {
+            let back = id - 1500;
+            lsn += 1;
+            let v = format!("changed at {lsn}");
+            events.push(ev("u", lsn, None, Some((back, &v))));
+            want.insert(back, v);
+        }
+    }
+    t.epoch(&events).await.unwrap();
+    let s = t.sink.stats();
+    assert!(
+        s.sent >= 4,
+        "the epoch was not sent in several flushes: {s:?}"
+    );
+    assert_eq!(
+        s.unguarded, s.sent,
+        "a run of the epoch went guarded: {s:?}"
+    );
+    assert_eq!(s.inserts, s.sent, "created keys went as upserts: {s:?}");
+    assert_eq!(s.refused_tables, 0);
+    let want: Vec<_> = want.iter().map(|(id, v)| row(*id, v)).collect();
+    assert_eq!(t.rows().await, want);
+    // The same keys created again, in order, above everything the table holds: they are
+    // there, so the insert fails, the epoch is applied again with upserts, and nothing of
+    // the first attempt stays.
+    let again: Vec<Value> = (0..6000)
+        .map(|id| ev("c", 100_000 + id as u64, None, Some((id, "again"))))
+        .collect();
+    t.epoch(&again).await.unwrap();
+    assert_eq!(t.sink.stats().refused_tables, 1);
+    let rows = t.rows().await;
+    assert_eq!(rows.len(), want.len());
+    assert!(rows[..6000].iter().all(|r| r.1.as_deref() == Some("again")));
+    assert_eq!(rows[6000..], want[6000..]);
+    t.drop_schema().await;
+}
+
 /// Keys the source created (`c`, `r`) in an unguarded run go as a plain insert. When such a
 /// key is in the table after all (a row written outside the change stream), the insert fails,
 /// the epoch's transaction rolls back, and the sink applies the epoch again with upserts; the

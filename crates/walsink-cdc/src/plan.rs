@@ -463,10 +463,18 @@ impl Planner {
                     Some(std::cmp::Reverse((w.change.at, i)))
                 })
                 .collect();
-        for _ in 0..n {
-            let Some(std::cmp::Reverse((_, i))) = fronts.pop() else {
+        // `n` winners, and then the rest of the last one's event: a key change's delete and
+        // upsert share its rank, and split over two flushes the second would go to the
+        // server at the rank the first raised the high-water to, under the guard.
+        let mut count = 0;
+        let mut last = None;
+        while let Some(&std::cmp::Reverse((at, i))) = fronts.peek() {
+            if count >= n && last != Some(at) {
                 break;
-            };
+            }
+            fronts.pop();
+            count += 1;
+            last = Some(at);
             let keys = self.tables.get_mut(&names[i]).expect("a table of the heap");
             if let Some((_, w)) = keys.pop_front() {
                 taken[i].push(w);
@@ -844,6 +852,29 @@ mod tests {
         );
         assert_eq!(p.held(), 0);
         assert!(p.drain_oldest(5).is_empty());
+    }
+
+    #[test]
+    fn drain_oldest_keeps_one_events_changes_together() {
+        let m = meta();
+        let mut p = Planner::new();
+        p.push(ev("c", 10, None, Some((1, 0))), &m, at(0)).unwrap();
+        p.push(ev("c", 11, None, Some((2, 0))), &m, at(1)).unwrap();
+        // Key 1 becomes key 3: a delete of 1 and an upsert of 3, both of this event.
+        p.push(ev("u", 12, Some((1, 0)), Some((3, 0))), &m, at(2))
+            .unwrap();
+        let steps = p.drain_oldest(2);
+        let ranks: Vec<i64> = steps
+            .iter()
+            .flat_map(|s| match s {
+                Step::Deletes { rows, .. } | Step::Upserts { rows, .. } => {
+                    rows.iter().map(|c| c.rank).collect()
+                }
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(ranks.len(), 3, "the key change was split: {steps:?}");
+        assert_eq!(p.held(), 0);
     }
 
     #[test]

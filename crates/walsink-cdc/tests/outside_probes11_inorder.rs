@@ -873,6 +873,36 @@ static DROPS: [std::sync::atomic::AtomicUsize; 2] = [
     std::sync::atomic::AtomicUsize::new(0),
 ];
 
+/// The problems and totals of a sweep of random runs.
+#[derive(Default)]
+struct Tally {
+    problems: Vec<String>,
+    events: usize,
+    epochs: usize,
+}
+
+impl Tally {
+    /// Counts a run of `events` events in `epochs` epochs; its failure is a problem. Whether
+    /// it succeeded.
+    fn ran(&mut self, res: Result<(), String>, events: usize, epochs: usize) -> bool {
+        self.events += events;
+        self.epochs += epochs;
+        match res {
+            Ok(()) => true,
+            Err(e) => {
+                self.problems.push(e);
+                false
+            }
+        }
+    }
+
+    /// Prints the totals and fails with every problem.
+    fn end(self, label: &str) {
+        println!("{label}: {} events in {} epochs", self.events, self.epochs);
+        assert!(self.problems.is_empty(), "{:#?}", self.problems);
+    }
+}
+
 /// Runs one random history; returns the problem (with a reproduction's description) if any.
 async fn random_run(
     tag: &str,
@@ -1030,8 +1060,7 @@ fn small_gen(tables: usize, keys: i64, events: usize) -> GenCfg {
     ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
 )]
 async fn random_in_order_streams_are_never_refused() {
-    let mut problems = Vec::new();
-    let mut total = (0, 0);
+    let mut tally = Tally::default();
     for seed in 0..seeds(10) {
         let strict = seed % 2 == 0;
         let mut g = small_gen(1 + (seed as usize % 3), 30 + 20 * seed as i64, 1500);
@@ -1039,9 +1068,8 @@ async fn random_in_order_streams_are_never_refused() {
         g.equal_same_key = false;
         g.partial = 30;
         if strict {
-            // A key change at a flush's end sends its two keys (one rank) in two flushes,
-            // which puts the second under the guard by the rule (see the test below).
-            g.keychange = 0;
+            // Equal positions and truncates put runs under the guard by the rule; key
+            // changes do not (a flush takes both keys of one).
             g.equal = 0;
             g.truncate = 0;
         }
@@ -1056,30 +1084,28 @@ async fn random_in_order_streams_are_never_refused() {
         };
         let params = format!("&max_held={}", 3 + seed * 7);
         let (res, st, ne, np) = random_run("ino", &params, 1100 + seed, &g, &dl, 0, false).await;
-        total.0 += ne;
-        total.1 += np;
-        if let Err(e) = res {
-            problems.push(e);
+        if !tally.ran(res, ne, np) {
             continue;
         }
         if st.refused_tables != 0 {
-            problems.push(format!(
+            tally.problems.push(format!(
                 "seed {}: in-order stream refused: {st:?}",
                 1100 + seed
             ));
         }
         if strict && st.unguarded != st.sent {
-            problems.push(format!(
+            tally.problems.push(format!(
                 "seed {}: strict in-order stream went guarded: {st:?}",
                 1100 + seed
             ));
         }
         if st.inserts == 0 {
-            problems.push(format!("seed {}: no plain inserts: {st:?}", 1100 + seed));
+            tally
+                .problems
+                .push(format!("seed {}: no plain inserts: {st:?}", 1100 + seed));
         }
     }
-    println!("in-order: {} events in {} epochs", total.0, total.1);
-    assert!(problems.is_empty(), "{problems:#?}");
+    tally.end("in-order");
 }
 
 /// Messy deliveries of small epochs in tiny windows: rewinds across epochs, duplicates in an
@@ -1091,8 +1117,7 @@ async fn random_in_order_streams_are_never_refused() {
     ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
 )]
 async fn random_messy_small_windows() {
-    let mut problems = Vec::new();
-    let mut total = (0, 0);
+    let mut tally = Tally::default();
     for seed in 0..seeds(20) {
         let mut g = small_gen(1 + (seed as usize % 3), 20 + 15 * (seed as i64 % 5), 1200);
         g.reread = 10;
@@ -1112,14 +1137,9 @@ async fn random_messy_small_windows() {
         let admin = if g.truncate == 0 { 2 } else { 0 };
         let (res, _st, ne, np) =
             random_run("messy", &params, 2200 + seed, &g, &dl, admin, false).await;
-        total.0 += ne;
-        total.1 += np;
-        if let Err(e) = res {
-            problems.push(e);
-        }
+        tally.ran(res, ne, np);
     }
-    println!("messy: {} events in {} epochs", total.0, total.1);
-    assert!(problems.is_empty(), "{problems:#?}");
+    tally.end("messy");
 }
 
 /// Large epochs (above 8 192 events, so the window is over 2 048 and only the keys left alone
@@ -1131,8 +1151,7 @@ async fn random_messy_small_windows() {
     ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
 )]
 async fn random_large_epochs_partial_flushes() {
-    let mut problems = Vec::new();
-    let mut total = (0, 0);
+    let mut tally = Tally::default();
     for seed in 0..seeds(4) {
         let mut g = small_gen(1 + (seed as usize % 2), 4000, 30_000);
         g.snapshot = 300;
@@ -1153,24 +1172,22 @@ async fn random_large_epochs_partial_flushes() {
         };
         let params = if seed % 2 == 0 { "&max_held=2100" } else { "" };
         let (res, st, ne, np) = random_run("large", params, 3300 + seed, &g, &dl, 0, false).await;
-        total.0 += ne;
-        total.1 += np;
         println!("seed {}: {st:?}", 3300 + seed);
-        if let Err(e) = res {
-            problems.push(e);
+        if !tally.ran(res, ne, np) {
             continue;
         }
         if seed == 0 && (st.refused_tables != 0 || st.unguarded != st.sent) {
-            problems.push(format!("seed 3300 (in order, no equal positions): {st:?}"));
+            tally
+                .problems
+                .push(format!("seed 3300 (in order, no equal positions): {st:?}"));
         }
     }
-    println!("large: {} events in {} epochs", total.0, total.1);
-    assert!(problems.is_empty(), "{problems:#?}");
+    tally.end("large");
 }
 
-/// An in-order key change whose two keys (one rank) are sent in two flushes: the second
-/// flush's run sends a rank equal to the high-water, so by the rule it goes guarded (and its
-/// created key is upserted). Rows as one by one either way.
+/// An in-order key change at a flush's end: its two keys (one rank) go in one flush, so the
+/// next flush's run sends ranks above the high-water and goes unguarded (it went guarded when
+/// the two keys were split over two flushes). Rows as one by one.
 #[tokio::test]
 #[cfg_attr(
     not(servers),
@@ -1288,8 +1305,7 @@ async fn rows_from_before_walsink_met_by_created_keys() {
     ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
 )]
 async fn random_messy_default_window_and_dropped_deliveries() {
-    let mut problems = Vec::new();
-    let mut total = (0, 0);
+    let mut tally = Tally::default();
     for seed in 0..seeds(8) {
         let mut g = small_gen(1 + (seed as usize % 3), 300 + 400 * (seed as i64 % 4), 9000);
         g.snapshot = 200;
@@ -1309,18 +1325,12 @@ async fn random_messy_default_window_and_dropped_deliveries() {
         };
         let admin = if g.truncate == 0 { 3 } else { 0 };
         let (res, st, ne, np) = random_run("mdw", "", 4400 + seed, &g, &dl, admin, seed >= 2).await;
-        total.0 += ne;
-        total.1 += np;
         println!("seed {}: {st:?}", 4400 + seed);
-        if let Err(e) = res {
-            problems.push(e);
-        }
+        tally.ran(res, ne, np);
     }
-    println!(
-        "default window: {} events in {} epochs; dropped deliveries: {:?} (not committed, committed)",
-        total.0, total.1, DROPS
-    );
-    assert!(problems.is_empty(), "{problems:#?}");
+    tally.end(&format!(
+        "default window (dropped deliveries, not committed and committed: {DROPS:?})"
+    ));
 }
 
 /// Extreme positions: a read at 2^63 - 1 ranks below a streamed change at 0; the high-water

@@ -1203,7 +1203,7 @@ fn run_floors(steps: &[Step], spelled: &[bool]) -> HashMap<usize, i64> {
 /// as a plain insert: its key's first event in the run created it ([`Change::created`]), and
 /// nothing the table holds can be of that key. That is so when that first event
 /// ([`Change::opened`]) ranks above everything the table held when the epoch began (`start`)
-/// and the table's events in the epoch came in rising rank order (`in_order`): the key's
+/// and no event of the table in the epoch ranked below the one before it (`in_order`): the key's
 /// earlier events, sent before, left it without a row, as the source had it before the
 /// create, and none of its later events was sent before it. Otherwise only when the create
 /// ranks above everything sent so far (`now`, the high-water at the run's start). A guess

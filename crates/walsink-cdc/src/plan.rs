@@ -164,7 +164,7 @@ pub struct Planner {
     tables: HashMap<String, Winners>,
     out: Vec<Step>,
     held: usize,
-    /// Each table's last rank pushed, and whether every rank pushed for it so far rose.
+    /// Each table's last rank pushed, and whether no rank pushed for it so far fell.
     order: HashMap<String, (i64, bool)>,
 }
 
@@ -230,9 +230,11 @@ impl Planner {
         self.held
     }
 
-    /// Whether every event pushed for `table` so far ranked above the one before it (true
-    /// for a table with no event yet): an upstream in order, where a key held with a create
-    /// as its first event cannot have been written by anything sent of a later event.
+    /// Whether every event pushed for `table` so far ranked at or above the one before it
+    /// (true for a table with no event yet): an upstream in order, where a key held with a
+    /// create as its first event cannot have been written by anything sent of a later event.
+    /// Equal ranks are allowed (snapshot reads share one); a duplicate at an equal rank can
+    /// only make a plain insert meet its row, which costs a retry.
     pub fn in_order(&self, table: &str) -> bool {
         self.order.get(table).is_none_or(|&(_, rising)| rising)
     }
@@ -446,7 +448,8 @@ impl Planner {
 
     /// The steps planned so far (those a truncate or a partial image cut off) and the winners
     /// of the `n` keys left alone longest (of all tables, by the place in the log of each
-    /// key's newest event), in an order that gives the one-by-one result together with what
+    /// key's newest event; more than `n` when the last one's event also wrote another key, a
+    /// key change, whose two keys go together), in an order that gives the one-by-one result together with what
     /// is drained later. The other keys stay held, so their later events still fold into
     /// them: keeping a window of recent keys and sending the oldest writes each key once while
     /// it is busy.

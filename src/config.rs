@@ -111,7 +111,11 @@ pub struct Options {
     /// Keep fully committed segments for reuse instead of deleting them (their blocks are
     /// already allocated, which makes later syncs cheaper). Default true.
     pub recycle_segments: bool,
-    /// Most recycled segments kept waiting for reuse. Default 2.
+    /// Free files (`.free`) kept for reuse once delivery is idle. While a backlog drains,
+    /// every segment it frees is kept as a free file, one beyond this many is removed per 16
+    /// freed, and the rest when nothing is deliverable: removing a file is slow on some
+    /// filesystems (those mounted with `discard` wait for the device) and would hold delivery
+    /// back. The log's disk use never grows for it; appends take free files first. Default 2.
     pub max_free_segments: usize,
     /// Disk budget: appends wait or fail (see `full_policy`) while the bytes held for epochs
     /// not yet committed exceed this. Default `u64::MAX` (no limit).

@@ -329,6 +329,165 @@ fn committed_segments_are_freed_and_recycled() {
     assert_eq!(sink.records().len(), 200);
 }
 
+/// Segment and free files in the simulated directory.
+fn seg_and_free_files(sim: &SimStorage) -> (usize, usize) {
+    let files = sim.snapshot();
+    let count = |ext: &str| files.keys().filter(|n| n.ends_with(ext)).count();
+    (count(".wseg"), count(".free"))
+}
+
+/// A backlog of `epochs` epochs of about one 8 KiB segment each, sealed and complete.
+fn backlog_of_segments(wal: &WalSink, epochs: u64) {
+    for cp in 1..=epochs {
+        for _ in 0..14 {
+            wal.append(&[b'd'; 500]).unwrap();
+        }
+        wal.checkpoint(cp, b"").unwrap();
+        wal.checkpoint_complete(cp).unwrap();
+    }
+}
+
+/// While a backlog drains, the segments it frees are kept as free files (removing a file is
+/// slow and would hold delivery back), one is removed per 16 freed, and the rest once nothing
+/// is deliverable: the log's files never outnumber what the backlog took, and end at
+/// `max_free_segments`.
+#[test]
+fn a_draining_backlog_keeps_freed_segments_until_idle_without_growing() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, opts("drain").segment_size(8192));
+    backlog_of_segments(&wal, 40);
+    let (segs_before, free_before) = seg_and_free_files(&sim);
+    assert!(segs_before >= 30 && free_before == 0, "{segs_before}");
+    let mut sink = MemorySink::new();
+    let mut d = wal.deliverer().unwrap();
+    let (mut freed, mut kept) = (0, 0);
+    loop {
+        match d.next_step().unwrap() {
+            walsink::Next::Idle => break,
+            walsink::Next::Committed(_) => {}
+            walsink::Next::Deliver(p) => {
+                let e = d.read(&p).unwrap();
+                let outcome = walsink::Sink::deliver(&mut sink, &e);
+                d.finish(p, &e, outcome).unwrap();
+            }
+        }
+        let (segs, free) = seg_and_free_files(&sim);
+        assert!(
+            segs + free <= segs_before,
+            "{segs} + {free} > {segs_before}"
+        );
+        assert_eq!(wal.health().free_segments, free as u64);
+        (freed, kept) = (segs_before - segs, free);
+    }
+    // Before the idle step: one removed per 16 freed, every other freed segment kept.
+    assert!(freed + 2 >= segs_before, "{freed} of {segs_before}");
+    assert_eq!(freed - kept, freed / 16, "freed {freed}, kept {kept}");
+    drop(d);
+    let (segs, free) = seg_and_free_files(&sim);
+    assert_eq!(free, 2, "trimmed to max_free_segments once idle");
+    assert_eq!(wal.health().free_segments, 2);
+    assert!(segs <= 2, "{segs}");
+    assert_eq!(sink.records().len(), 40 * 14);
+    // Appends take the free files back first.
+    backlog_of_segments_from(&wal, 41, 3);
+    assert_eq!(seg_and_free_files(&sim).1, 0);
+}
+
+/// Epochs `first..first + n` of about one segment each.
+fn backlog_of_segments_from(wal: &WalSink, first: u64, n: u64) {
+    for cp in first..first + n {
+        for _ in 0..14 {
+            wal.append(&[b'e'; 500]).unwrap();
+        }
+        wal.checkpoint(cp, b"").unwrap();
+        wal.checkpoint_complete(cp).unwrap();
+    }
+}
+
+/// A power loss while a drain holds many free files: nothing delivered is lost or sent again
+/// beyond the unmarked epoch, and the next drain trims the free files the crash left.
+#[test]
+fn free_files_kept_through_a_power_loss_are_reused_or_trimmed() {
+    for seed in 0..20u64 {
+        let sim = SimStorage::new();
+        let o = || opts("drainc").segment_size(8192);
+        let wal = open_sim(&sim, o());
+        backlog_of_segments(&wal, 30);
+        let mut sink = MemorySink::new();
+        let mut d = wal.deliverer().unwrap();
+        for _ in 0..(10 + seed) {
+            if let walsink::Next::Deliver(p) = d.next_step().unwrap() {
+                let e = d.read(&p).unwrap();
+                let outcome = walsink::Sink::deliver(&mut sink, &e);
+                d.finish(p, &e, outcome).unwrap();
+            }
+        }
+        let kept = seg_and_free_files(&sim).1;
+        assert!(kept > 2, "seed {seed}: {kept}");
+        drop(d);
+        drop(wal);
+        sim.crash(CrashOptions {
+            seed,
+            lose_all_unsynced: seed % 2 == 0,
+            process_only: false,
+        });
+        let wal = open_sim(&sim, o());
+        assert!(
+            seg_and_free_files(&sim).1 > 2,
+            "seed {seed}: the free files are still there"
+        );
+        wal.checkpoint_complete(30).unwrap();
+        wal.deliver_ready(&mut sink).unwrap();
+        assert_eq!(seg_and_free_files(&sim).1, 2, "seed {seed}");
+        // Every epoch reached the sink, and only the one delivered but not marked twice.
+        let mut got = sink.records();
+        got.sort();
+        got.dedup();
+        assert_eq!(
+            got.len(),
+            1,
+            "seed {seed}: every record is the same byte string"
+        );
+        let delivered = sink.records().len();
+        assert!(
+            (30 * 14..=31 * 14).contains(&delivered),
+            "seed {seed}: {delivered}"
+        );
+        backlog_of_segments_from(&wal, 31, 4);
+        assert_eq!(seg_and_free_files(&sim).1, 0, "seed {seed}");
+    }
+}
+
+/// A free file that cannot be removed when delivery goes idle: the call reports it, by name,
+/// and the next one removes it.
+#[test]
+fn a_failed_trim_is_reported_and_done_again() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, opts("trimfail").segment_size(8192));
+    backlog_of_segments(&wal, 8);
+    let mut sink = MemorySink::new();
+    let mut d = wal.deliverer().unwrap();
+    // Deliver everything, up to the step that would find nothing more.
+    while d.has_work() {
+        match d.next_step().unwrap() {
+            walsink::Next::Deliver(p) => {
+                let e = d.read(&p).unwrap();
+                let outcome = walsink::Sink::deliver(&mut sink, &e);
+                d.finish(p, &e, outcome).unwrap();
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(seg_and_free_files(&sim).1 > 2);
+    sim.inject_fault(FaultOp::Remove, 0, io::ErrorKind::PermissionDenied);
+    let e = d.next_step().unwrap_err();
+    assert!(e.to_string().contains("remove free segment"), "{e}");
+    assert!(seg_and_free_files(&sim).1 > 2);
+    assert!(matches!(d.next_step().unwrap(), walsink::Next::Idle));
+    assert_eq!(seg_and_free_files(&sim).1, 2);
+    assert_eq!(sink.records().len(), 8 * 14);
+}
+
 /// The real filesystem, with every durable write checked before it is made: it must land on
 /// blocks the file already has (no hole in its range, not past the end), so that it never
 /// has to allocate. Counts durable writes, and those into recycled files.

@@ -95,6 +95,10 @@ pub struct Health {
     pub last_commit_latency: Option<Duration>,
     /// Segment files in the log.
     pub segments: u64,
+    /// Free files kept for reuse (`.free`, each a segment's size): up to
+    /// [`Options::max_free_segments`](crate::Options::max_free_segments) once delivery is idle,
+    /// more while a backlog drains (the segments it freed, trimmed then).
+    pub free_segments: u64,
     /// True after a failed sync: reopen the log.
     pub poisoned: bool,
 }
@@ -240,6 +244,7 @@ impl Catalog {
         h.committed = self.committed;
         h.completed = self.completed;
         h.segments = self.segments.len() as u64;
+        h.free_segments = self.free.len() as u64;
         h
     }
 

@@ -252,6 +252,8 @@ impl Deliverer {
     fn step_to(&mut self, next: Option<crate::delivery::catalog::EpochInfo>) -> Result<Next> {
         let sh = &*self.shared;
         let Some(e) = next else {
+            // Free files kept while a backlog drained are removed now, off the delivery path.
+            sh.trim_idle()?;
             return Ok(Next::Idle);
         };
         if let Some(c) = sh.stored_mark()?.filter(|&c| c >= e.id) {

@@ -1,10 +1,31 @@
 //! Freeing segments: which part of the log is still needed, and removing or recycling the
-//! segments below it, oldest first.
+//! segments below it, oldest first; and trimming the free files kept for reuse.
+//!
+//! Removing a file is the slow part of freeing: at its last close the kernel drops its cached
+//! pages and frees its blocks, and on a filesystem mounted with `discard` it waits for the
+//! device to discard them. Done while delivery runs, that work competes with it for the
+//! device and the CPU (it halved delivery on a machine measured in docs/benchmarks.md). So a
+//! freed segment is renamed to `.free` (when recycling is on), and the free files beyond
+//! `max_free_segments` are removed when delivery has nothing to do, and, while a backlog
+//! drains, one per [`TRIM_EVERY`] segments freed, so the log's disk use never grows and still
+//! shrinks during a long drain. Appends take free files before they create one, so a surplus
+//! never makes the log need more space.
 
 use super::Shared;
 use crate::delivery::commit_store::CommitStore;
 use crate::error::{Error, Result};
 use crate::log::format::{self, Position};
+
+/// While delivery is busy, one free file beyond `max_free_segments` is removed per this many
+/// segments freed; the rest wait until nothing is deliverable.
+pub(crate) const TRIM_EVERY: u32 = 16;
+
+/// What the freeing passes share, under [`Shared::freeing`].
+#[derive(Debug, Default)]
+pub(crate) struct Freeing {
+    /// Segments freed since a free file was last removed while delivery was busy.
+    since_trim: u32,
+}
 
 impl Shared {
     /// Position below which no live frame remains: the start of the oldest uncommitted epoch,
@@ -35,22 +56,22 @@ impl Shared {
 
     /// Deletes or recycles whole segments below [`Self::oldest_needed`], oldest first, with a
     /// directory sync after each so the remaining segments always form a contiguous run.
-    /// Called only after the commit store durably covers every epoch in them.
+    /// Called only after the commit store durably covers every epoch in them. With recycling
+    /// on, every freed segment becomes a `.free` file; one beyond `max_free_segments` is
+    /// removed per [`TRIM_EVERY`] freed, the rest by [`Self::trim_idle`].
     pub(crate) fn collect_garbage(&self) -> Result<()> {
-        let _one_pass = self.freeing.lock();
+        let mut pass = self.freeing.lock();
         let oldest = self.oldest_needed();
         let mut floor_raised = false;
         loop {
-            let (seq, recycle) = {
+            let seq = {
                 let cat = self.cat.lock();
                 match cat.segments.front() {
-                    Some(&s) if s < oldest.seq && cat.segments.len() > 1 => (
-                        s,
-                        self.opts.recycle_segments && cat.free.len() < self.opts.max_free_segments,
-                    ),
-                    _ => return Ok(()),
+                    Some(&s) if s < oldest.seq && cat.segments.len() > 1 => s,
+                    _ => break,
                 }
             };
+            let recycle = self.opts.recycle_segments;
             if let (Some(floor), false) = (&self.floor, floor_raised) {
                 let committed = self.cat.lock().committed;
                 if let Some(c) = committed {
@@ -84,6 +105,49 @@ impl Shared {
             cat.segments.pop_front();
             if recycled {
                 cat.free.push(seq);
+            }
+            pass.since_trim = pass.since_trim.saturating_add(1);
+        }
+        self.trim_free(&mut pass, false)
+    }
+
+    /// Removes every free file beyond `max_free_segments`: for a deliverer that found nothing
+    /// deliverable. A lock and a comparison when there is nothing to remove.
+    pub(crate) fn trim_idle(&self) -> Result<()> {
+        if self.cat.lock().free.len() <= self.opts.max_free_segments {
+            return Ok(());
+        }
+        self.trim_free(&mut self.freeing.lock(), true)
+    }
+
+    /// Removes free files beyond `max_free_segments`, oldest first: all of them when `idle`,
+    /// else one once [`TRIM_EVERY`] segments were freed since the last. Each removal is
+    /// followed by a directory sync, as every removal of the log's.
+    fn trim_free(&self, pass: &mut Freeing, idle: bool) -> Result<()> {
+        loop {
+            if !idle && pass.since_trim < TRIM_EVERY {
+                return Ok(());
+            }
+            let seq = {
+                let mut cat = self.cat.lock();
+                if cat.free.len() <= self.opts.max_free_segments {
+                    return Ok(());
+                }
+                // The oldest: appends reuse the newest first.
+                cat.free.remove(0)
+            };
+            let name = format::free_name(seq);
+            let removed = match self.storage.remove(&name) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => self.storage.sync_dir(),
+            };
+            if let Err(e) = removed {
+                // Kept in the list: a later pass tries again.
+                self.cat.lock().free.insert(0, seq);
+                return Err(Error::io(format!("remove free segment {name}"), e));
+            }
+            if !idle {
+                pass.since_trim = 0;
             }
         }
     }

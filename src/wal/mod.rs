@@ -80,7 +80,7 @@ pub(crate) struct Shared {
     pub(crate) reading_ahead: std::sync::atomic::AtomicBool,
     /// Held while segments are freed: one pass at a time, also when a mark made beside the
     /// sink outlives the deliverer that started it (a dropped async call).
-    pub(crate) freeing: Mutex<()>,
+    pub(crate) freeing: Mutex<cleanup::Freeing>,
     open_bytes: AtomicU64,
     /// Read buffers reused between delivered epochs.
     read_pool: Arc<crate::BufferPool>,
@@ -299,7 +299,7 @@ impl WalSink {
             listeners: Mutex::new(Vec::new()),
             delivering: std::sync::atomic::AtomicBool::new(false),
             reading_ahead: std::sync::atomic::AtomicBool::new(false),
-            freeing: Mutex::new(()),
+            freeing: Mutex::new(Default::default()),
             open_bytes: AtomicU64::new(0),
             read_pool: crate::log::reader::read_pool(),
             _lock: lock,

@@ -111,11 +111,14 @@ pub struct Options {
     /// Keep fully committed segments for reuse instead of deleting them (their blocks are
     /// already allocated, which makes later syncs cheaper). Default true.
     pub recycle_segments: bool,
-    /// Free files (`.free`) kept for reuse once delivery is idle. While a backlog drains,
-    /// every segment it frees is kept as a free file, one beyond this many is removed per 16
-    /// freed, and the rest when nothing is deliverable: removing a file is slow on some
-    /// filesystems (those mounted with `discard` wait for the device) and would hold delivery
-    /// back. The log's disk use never grows for it; appends take free files first. Default 2.
+    /// Free files (`.free`) kept for reuse once delivery is idle (none when
+    /// `recycle_segments` is off). While a backlog drains, every segment it frees is kept as a
+    /// free file, one beyond this many is removed per 16 freed, and the rest when a deliverer
+    /// finds nothing deliverable (a delivery that keeps failing keeps them until then):
+    /// removing a file is slow on some filesystems (those mounted with `discard` wait for the
+    /// device) and would hold delivery back. The log's disk use never grows for it: appends
+    /// take free files first, and a commit mark or an open that finds the disk full gives a
+    /// free file's blocks back first. Default 2.
     pub max_free_segments: usize,
     /// Disk budget: appends wait or fail (see `full_policy`) while the bytes held for epochs
     /// not yet committed exceed this. Default `u64::MAX` (no limit).
@@ -125,8 +128,9 @@ pub struct Options {
     /// Backoff of sink and commit-store retries. Default [`RetryPolicy::default`].
     pub retry: RetryPolicy,
     /// The committer marks progress in the commit store after at most this many delivered
-    /// epochs (fewer when no more epochs are ready). A crash re-delivers at most this many
-    /// epochs to a sink without its own marker. Default 1.
+    /// epochs (fewer when no more epochs are ready). With a commit store that survives a
+    /// restart (the default), a crash re-delivers at most this many epochs to a sink without
+    /// its own marker. Default 1.
     pub mark_every: usize,
     /// Seed of the random salts of new segments. Default `None` (seeded from the OS);
     /// simulations set it so that a run replays exactly.
@@ -233,6 +237,12 @@ impl Options {
     /// Sets [`Options::salt_seed`].
     pub fn salt_seed(mut self, seed: u64) -> Self {
         self.salt_seed = Some(seed);
+        self
+    }
+
+    /// Sets [`Options::max_free_segments`].
+    pub fn max_free_segments(mut self, files: usize) -> Self {
+        self.max_free_segments = files;
         self
     }
 

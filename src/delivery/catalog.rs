@@ -95,9 +95,9 @@ pub struct Health {
     pub last_commit_latency: Option<Duration>,
     /// Segment files in the log.
     pub segments: u64,
-    /// Free files kept for reuse (`.free`, each a segment's size): up to
-    /// [`Options::max_free_segments`](crate::Options::max_free_segments) once delivery is idle,
-    /// more while a backlog drains (the segments it freed, trimmed then).
+    /// Free files kept for reuse (`.free`, each up to a segment's size): up to
+    /// [`Options::max_free_segments`](crate::Options::max_free_segments) (none without
+    /// recycling) once a deliverer found nothing deliverable, more while a backlog drains.
     pub free_segments: u64,
     /// True after a failed sync: reopen the log.
     pub poisoned: bool,

@@ -254,6 +254,7 @@ impl Deliverer {
         let Some(e) = next else {
             // Free files kept while a backlog drained are removed now, off the delivery path.
             sh.trim_idle()?;
+            sh.note_idle();
             return Ok(Next::Idle);
         };
         if let Some(c) = sh.stored_mark()?.filter(|&c| c >= e.id) {

@@ -13,8 +13,9 @@
 
 use super::Shared;
 use crate::delivery::commit_store::CommitStore;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::log::format::{self, Position};
+use crate::storage::{reserve, Storage};
 
 /// While delivery is busy, one free file beyond `max_free_segments` is removed per this many
 /// segments freed; the rest wait until nothing is deliverable.
@@ -56,7 +57,8 @@ impl Shared {
 
     /// Deletes or recycles whole segments below [`Self::oldest_needed`], oldest first, with a
     /// directory sync after each so the remaining segments always form a contiguous run.
-    /// Called only after the commit store durably covers every epoch in them. With recycling
+    /// Called only right after a mark (or after finding the commit store's mark covers the
+    /// next epoch), once the commit store durably covers every epoch in them. With recycling
     /// on, every freed segment becomes a `.free` file; one beyond `max_free_segments` is
     /// removed per [`TRIM_EVERY`] freed, the rest by [`Self::trim_idle`].
     pub(crate) fn collect_garbage(&self) -> Result<()> {
@@ -75,32 +77,43 @@ impl Shared {
             if let (Some(floor), false) = (&self.floor, floor_raised) {
                 let committed = self.cat.lock().committed;
                 if let Some(c) = committed {
-                    floor
-                        .lock()
-                        .mark_committed(&self.sink_id, self.opts.subtask, c)?;
+                    self.with_room(|| {
+                        floor
+                            .lock()
+                            .mark_committed(&self.sink_id, self.opts.subtask, c)
+                    })?;
                 }
                 floor_raised = true;
             }
             let name = format::segment_name(seq);
             let free = format::free_name(seq);
-            let res = if recycle {
-                self.storage.rename(&name, &free)
+            let (res, what) = if recycle {
+                (
+                    self.storage.rename(&name, &free),
+                    format!("rename committed segment {name} to {free}"),
+                )
             } else {
-                self.storage.remove(&name)
+                (
+                    self.storage.remove(&name),
+                    format!("remove committed segment {name}"),
+                )
             };
             // Gone already: an earlier attempt removed or renamed it and then failed to sync
             // the directory. The sync below is what still has to happen; the file is reused
             // only if that attempt kept it as `.free`.
             let recycled = match res {
-                Ok(()) => Ok(recycle),
+                Ok(()) => recycle,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    Ok(self.storage.open(&free).is_ok())
+                    self.storage.open(&free).is_ok()
                 }
-                Err(e) => Err(e),
+                Err(e) => return Err(Error::io(what, e)),
             };
-            let recycled = recycled
-                .and_then(|r| self.storage.sync_dir().map(|_| r))
-                .map_err(|e| Error::io(format!("remove committed segment {name}"), e))?;
+            self.storage.sync_dir().map_err(|e| {
+                Error::io(
+                    format!("sync the directory after freeing segment {name}"),
+                    e,
+                )
+            })?;
             let mut cat = self.cat.lock();
             cat.segments.pop_front();
             if recycled {
@@ -111,18 +124,31 @@ impl Shared {
         self.trim_free(&mut pass, false)
     }
 
-    /// Removes every free file beyond `max_free_segments`: for a deliverer that found nothing
-    /// deliverable. A lock and a comparison when there is nothing to remove.
+    /// Free files kept once delivery is idle: `max_free_segments`, or none when recycling is
+    /// off (nothing would ever reuse them; an earlier run with recycling may have left some).
+    fn free_bound(&self) -> usize {
+        if self.opts.recycle_segments {
+            self.opts.max_free_segments
+        } else {
+            0
+        }
+    }
+
+    /// Removes every free file beyond the bound: for a deliverer that found nothing
+    /// deliverable. A lock and a comparison when there is nothing to remove. (Segments are
+    /// freed only by the pass after a mark, never here: recovery relies on nothing being freed
+    /// before the first commit, and on the highest checkpoint id ever used staying in a kept
+    /// frame, which a pass between a restore and the next mark could free.)
     pub(crate) fn trim_idle(&self) -> Result<()> {
-        if self.cat.lock().free.len() <= self.opts.max_free_segments {
+        if self.cat.lock().free.len() <= self.free_bound() {
             return Ok(());
         }
         self.trim_free(&mut self.freeing.lock(), true)
     }
 
-    /// Removes free files beyond `max_free_segments`, oldest first: all of them when `idle`,
-    /// else one once [`TRIM_EVERY`] segments were freed since the last. Each removal is
-    /// followed by a directory sync, as every removal of the log's.
+    /// Removes free files beyond the bound, oldest first: all of them when `idle`, else one
+    /// per [`TRIM_EVERY`] segments freed since the last. Each removal is followed by a
+    /// directory sync, as every removal of the log's.
     fn trim_free(&self, pass: &mut Freeing, idle: bool) -> Result<()> {
         loop {
             if !idle && pass.since_trim < TRIM_EVERY {
@@ -130,7 +156,7 @@ impl Shared {
             }
             let seq = {
                 let mut cat = self.cat.lock();
-                if cat.free.len() <= self.opts.max_free_segments {
+                if cat.free.len() <= self.free_bound() {
                     return Ok(());
                 }
                 // The oldest: appends reuse the newest first.
@@ -147,8 +173,59 @@ impl Shared {
                 return Err(Error::io(format!("remove free segment {name}"), e));
             }
             if !idle {
-                pass.since_trim = 0;
+                pass.since_trim -= TRIM_EVERY;
             }
         }
+    }
+
+    /// Runs `f` (a write of the commit store), and when it fails for want of space while free
+    /// files hold some, gives the oldest free file's blocks back and runs it again: the space
+    /// a drain keeps for reuse must never keep a full disk from recording the commits that
+    /// drain it.
+    pub(crate) fn with_room<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        loop {
+            match f() {
+                Err(e) if is_disk_full(&e) && self.release_free_file()? => {}
+                r => return r,
+            }
+        }
+    }
+
+    /// Gives the oldest free file's blocks back to the filesystem now: cut to nothing (a
+    /// removed file's blocks come back only at its last close, which may come later), then
+    /// removed, the directory synced. False when there is none.
+    fn release_free_file(&self) -> Result<bool> {
+        let Some(seq) = ({
+            let mut cat = self.cat.lock();
+            (!cat.free.is_empty()).then(|| cat.free.remove(0))
+        }) else {
+            return Ok(false);
+        };
+        let name = format::free_name(seq);
+        release_file(&*self.storage, &name).map_err(|e| {
+            self.cat.lock().free.insert(0, seq);
+            Error::io(format!("remove free segment {name} to make room"), e)
+        })?;
+        Ok(true)
+    }
+}
+
+/// Whether `e` is an I/O error saying the disk (or the quota) is full.
+pub(crate) fn is_disk_full(e: &Error) -> bool {
+    matches!(e.kind(), ErrorKind::Io { source, .. } if reserve::is_full(source))
+}
+
+/// Cuts file `name` to nothing, removes it and syncs the directory; a file already gone
+/// counts as removed. A cut to nothing of a `.free` file is harmless at a crash: an empty free
+/// file is reused as any other.
+pub(crate) fn release_file(storage: &dyn Storage, name: &str) -> std::io::Result<()> {
+    match storage.open(name) {
+        Ok(f) => f.set_len(0)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    match storage.remove(name) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => storage.sync_dir(),
     }
 }

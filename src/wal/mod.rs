@@ -249,8 +249,14 @@ impl WalSink {
         let mut seg = seg;
         seg.dir_synced();
         // Room for the commit mark on a full disk (best effort: a full disk has none to give),
-        // taken after the new segment's first block, which the log cannot open without.
-        crate::storage::reserve::keep(&*storage);
+        // taken after the new segment's first block, which the log cannot open without. Free
+        // files a drain kept may hold the disk's last blocks: the oldest are given back for it.
+        while !crate::storage::reserve::keep(&*storage) && !free.is_empty() {
+            if cleanup::release_file(&*storage, &format::free_name(free[0])).is_err() {
+                break;
+            }
+            free.remove(0);
+        }
         let synced = bootstrap::reserve_dropped_ids(&*storage, &mut seg, &report, durable_end)?
             .unwrap_or(durable_end);
         keep.push(next_seq);

@@ -41,9 +41,11 @@ impl Shared {
     /// Durably records every checkpoint `<= id` as committed in the commit store, then drops
     /// those epochs from the catalog; the success clears the error shown by `health`.
     pub(crate) fn record_mark(&self, id: u64) -> Result<()> {
-        self.store
-            .lock()
-            .mark_committed(&self.sink_id, self.opts.subtask, id)?;
+        self.with_room(|| {
+            self.store
+                .lock()
+                .mark_committed(&self.sink_id, self.opts.subtask, id)
+        })?;
         let mut cat = self.cat.lock();
         let latency = cat.committed_through(id);
         if latency.is_some() {
@@ -76,6 +78,14 @@ impl Shared {
         let mut cat = self.cat.lock();
         cat.health.delivered_epochs += 1;
         cat.health.delivered_records += records;
+        cat.health.retries = 0;
+        cat.health.last_error = None;
+    }
+
+    /// A deliverer found nothing deliverable, every delivered epoch marked and the freeing
+    /// done: an error shown before is no longer current.
+    pub(crate) fn note_idle(&self) {
+        let mut cat = self.cat.lock();
         cat.health.retries = 0;
         cat.health.last_error = None;
     }

@@ -154,3 +154,52 @@ fn damage_met_half_way_leaves_no_file_in_a_directory_target() {
     target.crash(CrashOptions::process_kill());
     assert!(DirSink::read_epochs_in(&target).unwrap().is_empty());
 }
+
+/// Large chunks are read and verified in two halves on two threads. Damage anywhere in them
+/// (before the middle, in the frame across it, in a length field that would send the walk to
+/// the middle astray, after it, in a frame the chunk's end cuts) is reported at the frame it is
+/// in, as a read on one thread reports it, and nothing is committed.
+#[test]
+fn damage_around_the_middle_of_a_large_chunk_is_found_at_its_frame() {
+    const MIB: usize = 1 << 20;
+    let frame = walsink::format::FRAME_HEADER_LEN + 4000;
+    let first = walsink::format::SEGMENT_HEADER_LEN;
+    // (byte to flip, bit) in the first segment; chunks are 8 MiB, so halves meet near 4 MiB.
+    let straddling = first + (4 * MIB - first) / frame * frame;
+    let cases = [
+        (100_000, 0x01),
+        (4 * MIB - 10, 0x08),
+        (4 * MIB + 10, 0x08),
+        (straddling + 4, 0x40),
+        (straddling + 4 + frame, 0x40),
+        (6 * MIB, 0x02),
+        (8 * MIB - 5, 0x10),
+        (11 * MIB + 77, 0x80),
+    ];
+    for (at, bit) in cases {
+        let sim = SimStorage::new();
+        let wal = open_sim(&sim, big_opts("halves"));
+        for i in 0..5_000u32 {
+            wal.append(&record(i, 4000)).unwrap();
+        }
+        wal.checkpoint(1, b"").unwrap();
+        wal.checkpoint_complete(1).unwrap();
+        let name = "00000000000000000001.wseg";
+        let mut bytes = sim.snapshot()[name].clone();
+        bytes[at] ^= bit;
+        sim.put_file(name, &bytes);
+        let mut sink = MemorySink::with_marker();
+        let e = wal.deliver_ready(&mut sink).unwrap_err();
+        let ErrorKind::Corruption(d) = e.kind() else {
+            panic!("byte {at}: expected corruption, got {e}");
+        };
+        let expected = (first + (at - first) / frame * frame) as u64;
+        assert_eq!(
+            (d.segment.as_str(), d.offset),
+            (name, expected),
+            "byte {at}: {e}"
+        );
+        assert!(sink.checkpoints().is_empty(), "byte {at}");
+        assert_eq!(wal.health().committed, None, "byte {at}");
+    }
+}

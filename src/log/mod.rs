@@ -2,6 +2,7 @@
 //! recovering a directory, reading epochs back, and the read-only checks (`verify`, `dump`).
 
 pub mod format;
+pub(crate) mod halves;
 pub(crate) mod layout;
 pub(crate) mod reader;
 pub(crate) mod recover;

@@ -17,6 +17,7 @@ use crate::buffer_pool::BufferPool;
 use crate::delivery::catalog::EpochInfo;
 use crate::error::{CorruptionReason, Error, Result};
 use crate::log::format::{self, FrameError, FrameKind, Position, Seed};
+use crate::log::halves;
 use crate::storage::{Storage, StorageFile};
 use crate::{Epoch, EpochKey};
 use bytes::Bytes;
@@ -197,11 +198,12 @@ impl Reader {
             let mut want = left.min(ext.chunk);
             let (buf, end, count, next) = loop {
                 let mut v = self.pool.take();
-                file.read_range_into(cur.pos.offset, want, &mut v)
-                    .map_err(|e| io("read", e))?;
+                let verified =
+                    halves::read_chunk(&**file, seed, cur.pos.offset, want, &mut v, two_cores())
+                        .map_err(|e| io("read", e))?;
                 let buf = Bytes::from(v);
                 let cut_short = want < left;
-                match scan_chunk(&buf, seed, cur.pos, cut_short) {
+                match scan_chunk(&buf, seed, cur.pos, cut_short, verified) {
                     Ok(Scanned::Frames { end, count, next }) => break (buf, end, count, next),
                     Ok(Scanned::NeedMore(size)) => {
                         self.pool.give_back(buf);
@@ -284,13 +286,25 @@ enum Scanned {
     NeedMore(usize),
 }
 
-/// Verifies the data frames at the start of `buf` (segment bytes from `at` on). `cut_short`:
-/// the read stopped before the limit, so a frame cut off at the end continues in the next
-/// chunk rather than being torn.
-fn scan_chunk(buf: &[u8], seed: Seed, at: Position, cut_short: bool) -> Result<Scanned> {
+/// True when this machine has a second core for [`halves::read_chunk`].
+fn two_cores() -> bool {
+    static TWO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TWO.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+}
+
+/// Verifies the data frames at the start of `buf` (segment bytes from `at` on), from `from`:
+/// the bytes and the number of data frames at its start already verified. `cut_short`: the
+/// read stopped before the limit, so a frame cut off at the end continues in the next chunk
+/// rather than being torn.
+fn scan_chunk(
+    buf: &[u8],
+    seed: Seed,
+    at: Position,
+    cut_short: bool,
+    from: (usize, u64),
+) -> Result<Scanned> {
     let name = || format::segment_name(at.seq);
-    let mut i = 0usize;
-    let mut count = 0u64;
+    let (mut i, mut count) = from;
     // The data frames up to `i`; the next chunk starts right after them.
     let stop_here = |i: usize, count: u64| Scanned::Frames {
         end: i,

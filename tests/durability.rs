@@ -338,13 +338,7 @@ fn seg_and_free_files(sim: &SimStorage) -> (usize, usize) {
 
 /// A backlog of `epochs` epochs of about one 8 KiB segment each, sealed and complete.
 fn backlog_of_segments(wal: &WalSink, epochs: u64) {
-    for cp in 1..=epochs {
-        for _ in 0..14 {
-            wal.append(&[b'd'; 500]).unwrap();
-        }
-        wal.checkpoint(cp, b"").unwrap();
-        wal.checkpoint_complete(cp).unwrap();
-    }
+    backlog_of_segments_from(wal, 1, epochs);
 }
 
 /// While a backlog drains, the segments it frees are kept as free files (removing a file is

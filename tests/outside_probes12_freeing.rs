@@ -373,10 +373,10 @@ fn drain_once(
 }
 
 /// The documented rate, "one beyond `max_free_segments` is removed per 16 segments freed",
-/// when one pass frees several segments at once (an epoch spanning many segments, or
-/// `mark_every` > 1): the removals made while draining fall short of `freed / 16`.
+/// also when one pass frees several segments at once (an epoch spanning many segments, or
+/// `mark_every` > 1): the removals made while draining come to `freed / 16`. (Found short of
+/// it, one per pass, and mended in aaefc0a.)
 #[test]
-
 fn drain_removes_one_free_file_per_16_freed_when_passes_free_many() {
     let mut short = Vec::new();
     for (per, size, mark_every) in [(7u64, 500usize, 8usize), (7, 500, 5), (80, 1000, 1)] {
@@ -535,9 +535,8 @@ fn committer_thread_trims_when_idle_on_a_real_directory() {
 /// A log reopened with `recycle_segments(false)` over free files of an earlier run: the docs
 /// say appends take free files before they create files and the log's disk use never grows
 /// for freeing; without recycling nothing ever reuses a free file, so none should be kept.
-/// Observed: `max_free_segments` free files stay for ever while appends create new files.
+/// (They stayed for ever, up to `max_free_segments`, until aaefc0a.)
 #[test]
-
 fn recycling_off_keeps_no_free_file_it_will_never_reuse() {
     let sim = SimStorage::new();
     let wal = open_sim(&sim, opts("off", 4096, 1000, true, 1));
@@ -1129,8 +1128,8 @@ fn committer_retries_a_failed_idle_trim_without_new_work() {
 
 /// Once a failed trim was done again successfully, `Health` should not keep showing its error
 /// (`last_error`: "cleared by the next success"; `retries`: "retries of the epoch now at the
-/// head of the queue", and no epoch is queued). Observed: the error and `retries: 1` stay
-/// until some later epoch is delivered, although the log is idle and trimmed.
+/// head of the queue", and no epoch is queued). Until aaefc0a the error and `retries: 1`
+/// stayed until some later epoch was delivered, although the log was idle and trimmed.
 #[test]
 fn health_clears_a_trim_error_once_the_trim_is_done() {
     // deliver_ready: the idle trim fails, the next call finishes it.
@@ -1172,8 +1171,8 @@ fn health_clears_a_trim_error_once_the_trim_is_done() {
 }
 
 /// Freeing with recycling renames a segment to `.free`; when that rename fails, the error
-/// names a removal ("remove committed segment N.wseg"), which sends an operator after the
-/// wrong operation.
+/// names the rename, not a removal (it named a removal until aaefc0a), so an operator looks
+/// at the right operation.
 #[test]
 fn a_failed_rename_to_free_is_reported_as_a_rename() {
     let (sim, o, _) = prepared(4096, 0, true, 1);
@@ -1378,15 +1377,12 @@ fn full_disk_state(dir: &Path) -> String {
 }
 
 /// "A full disk drains": a log that filled the disk always drains by itself (the reserve
-/// gives the commit record room). With free files the drained space can stay inside the log:
-/// a drain stopped part-way (the process restarted with free files kept, default bound 2) or
-/// a large bound leaves the disk full at the next open, which can then write no reserve; the
-/// reopened log's appends take the free files and fill the disk again, and from then on every
-/// delivery fails with ENOSPC recording the commit, and the log no longer even opens
-/// ("create segment ...: No space left on device"). Nothing is lost, but nothing drains
-/// without a hand freeing space.
+/// gives the commit record room), also when free files hold the drained space: a drain
+/// stopped part-way (the process restarted with free files kept, default bound 2) or a large
+/// bound leaves the disk full at the next open. Until aaefc0a no reserve could then be
+/// written, the reopened log's appends refilled the disk, and every delivery failed with
+/// ENOSPC recording the commit; now the open and the commit record give free files back.
 #[test]
-
 fn a_full_disk_with_drained_space_in_free_files_still_drains() {
     if !common::need_root("a_full_disk_with_drained_space_in_free_files_still_drains") {
         return;

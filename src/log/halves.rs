@@ -20,23 +20,10 @@ use std::io;
 pub(crate) const SPLIT_MIN: usize = 2 << 20;
 
 /// Reads `want` bytes at `offset` of `file` into `v` (fewer at the file's end: `v` is cut to
-/// what was read) and verifies the data frames at its start. Returns the verified prefix:
-/// its length in bytes and its number of data frames. `split`: use a second thread for chunks
-/// of at least [`SPLIT_MIN`].
+/// what was read) and verifies the data frames at its start, in two halves on two threads when
+/// `want` is at least `split_min` ([`SPLIT_MIN`], or `usize::MAX` for one thread). Returns the
+/// verified prefix: its length in bytes and its number of data frames.
 pub(crate) fn read_chunk(
-    file: &dyn StorageFile,
-    seed: Seed,
-    offset: u64,
-    want: usize,
-    v: &mut Vec<u8>,
-    split: bool,
-) -> io::Result<(usize, u64)> {
-    let split_min = if split { SPLIT_MIN } else { usize::MAX };
-    read_chunk_from(file, seed, offset, want, v, split_min)
-}
-
-/// [`read_chunk`], splitting chunks of at least `split_min` bytes.
-fn read_chunk_from(
     file: &dyn StorageFile,
     seed: Seed,
     offset: u64,
@@ -187,9 +174,9 @@ mod tests {
             f.write_at(base, &bytes).unwrap();
             let want = bytes.len() + rng.usize(0..3) * rng.usize(0..500);
             let mut one = Vec::new();
-            let expect = read_chunk_from(&*f, seed, base, want, &mut one, usize::MAX).unwrap();
+            let expect = read_chunk(&*f, seed, base, want, &mut one, usize::MAX).unwrap();
             let mut two = vec![0xAAu8; rng.usize(0..want + 10)];
-            let got = read_chunk_from(&*f, seed, base, want, &mut two, 64).unwrap();
+            let got = read_chunk(&*f, seed, base, want, &mut two, 64).unwrap();
             assert_eq!(got, expect, "case {case}");
             assert_eq!(two, one, "case {case}: the same bytes");
             if split_point(&one, want / 2).is_some() {

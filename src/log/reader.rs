@@ -199,7 +199,7 @@ impl Reader {
             let (buf, end, count, next) = loop {
                 let mut v = self.pool.take();
                 let verified =
-                    halves::read_chunk(&**file, seed, cur.pos.offset, want, &mut v, two_cores())
+                    halves::read_chunk(&**file, seed, cur.pos.offset, want, &mut v, split_min())
                         .map_err(|e| io("read", e))?;
                 let buf = Bytes::from(v);
                 let cut_short = want < left;
@@ -286,10 +286,18 @@ enum Scanned {
     NeedMore(usize),
 }
 
-/// True when this machine has a second core for [`halves::read_chunk`].
-fn two_cores() -> bool {
-    static TWO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TWO.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+/// The chunk size from which [`halves::read_chunk`] uses a second thread: never on a machine
+/// with one core.
+fn split_min() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        let two = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+        if two {
+            halves::SPLIT_MIN
+        } else {
+            usize::MAX
+        }
+    })
 }
 
 /// Verifies the data frames at the start of `buf` (segment bytes from `at` on), from `from`:

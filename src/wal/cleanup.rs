@@ -9,7 +9,9 @@
 //! `max_free_segments` are removed when delivery has nothing to do, and, while a backlog
 //! drains, one per [`TRIM_EVERY`] segments freed, so the log's disk use never grows and still
 //! shrinks during a long drain. Appends take free files before they create one, so a surplus
-//! never makes the log need more space.
+//! never makes the log need more space, and a commit mark that finds the disk full gives a
+//! free file's blocks back first ([`Shared::with_room`]), so a surplus never keeps a full disk
+//! from draining.
 
 use super::Shared;
 use crate::delivery::commit_store::CommitStore;

@@ -329,13 +329,6 @@ fn committed_segments_are_freed_and_recycled() {
     assert_eq!(sink.records().len(), 200);
 }
 
-/// Segment and free files in the simulated directory.
-fn seg_and_free_files(sim: &SimStorage) -> (usize, usize) {
-    let files = sim.snapshot();
-    let count = |ext: &str| files.keys().filter(|n| n.ends_with(ext)).count();
-    (count(".wseg"), count(".free"))
-}
-
 /// A backlog of `epochs` epochs of about one 8 KiB segment each, sealed and complete.
 fn backlog_of_segments(wal: &WalSink, epochs: u64) {
     backlog_of_segments_from(wal, 1, epochs);

@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::{open_sim, seg_and_free_files};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,19 +36,6 @@ fn opts(name: &str, seg: u64, max_free: usize, recycle: bool, mark_every: usize)
         });
     o.max_free_segments = max_free;
     o
-}
-
-fn open_sim(sim: &SimStorage, o: Options) -> WalSink {
-    WalSink::open_with_storage(Arc::new(sim.clone()), o)
-        .expect("open")
-        .0
-}
-
-/// `(segments, free files)` on the simulated disk.
-fn sim_counts(sim: &SimStorage) -> (usize, usize) {
-    let files = sim.snapshot();
-    let c = |ext: &str| files.keys().filter(|n| n.ends_with(ext)).count();
-    (c(".wseg"), c(".free"))
 }
 
 fn sim_free_names(sim: &SimStorage) -> BTreeSet<String> {
@@ -280,7 +269,7 @@ fn drain_once(
     let wal = open_sim(&sim, opts("matrix", seg, max_free, recycle, mark_every));
     let n = epochs_for(40, seg, (per, size));
     let ids = fill(&wal, 1, n, per, size, true);
-    let (segs0, free0) = sim_counts(&sim);
+    let (segs0, free0) = seg_and_free_files(&sim);
     assert_eq!(free0, 0, "{ctx}");
     assert!(segs0 >= 30, "{ctx}: only {segs0} segments");
     let peak = segs0;
@@ -294,7 +283,7 @@ fn drain_once(
         let before_names = sim_free_names(&sim);
         let before_segs = sim_names(&sim, ".wseg");
         let idle = step(&mut d, &mut sink).unwrap();
-        let (segs, free) = sim_counts(&sim);
+        let (segs, free) = seg_and_free_files(&sim);
         let h = wal.health();
         assert!(segs + free <= peak, "{ctx}: {segs} + {free} > {peak}");
         assert_eq!(h.free_segments, free as u64, "{ctx}: health vs disk");
@@ -325,7 +314,7 @@ fn drain_once(
     }
     // Idle: trimmed to the bound, the newest kept.
     let after = sim_free_names(&sim);
-    let (segs, free) = sim_counts(&sim);
+    let (segs, free) = seg_and_free_files(&sim);
     if recycle {
         assert_eq!(
             free,
@@ -344,7 +333,7 @@ fn drain_once(
     assert_eq!(wal.health().free_segments, free as u64, "{ctx}");
     // A second idle step changes nothing.
     assert!(step(&mut d, &mut sink).unwrap(), "{ctx}");
-    assert_eq!(sim_counts(&sim), (segs, free), "{ctx}");
+    assert_eq!(seg_and_free_files(&sim), (segs, free), "{ctx}");
     drop(d);
     assert_exactly_once(&sink.records(), &expected(&ids, per), ctx);
 
@@ -352,9 +341,9 @@ fn drain_once(
     let more = epochs_for((max_free.min(20) + 4) as u64, seg, (per, size));
     let mut all = ids.clone();
     for cp in n + 1..=n + more {
-        let (s0, f0) = sim_counts(&sim);
+        let (s0, f0) = seg_and_free_files(&sim);
         all.extend(fill(&wal, cp, 1, per, size, true));
-        let (s1, f1) = sim_counts(&sim);
+        let (s1, f1) = seg_and_free_files(&sim);
         let rolls = s1 - s0;
         if recycle {
             assert_eq!(f1, f0 - rolls.min(f0), "{ctx}: cp {cp} free files first");
@@ -367,7 +356,7 @@ fn drain_once(
     }
     wal.deliver_ready(&mut sink).unwrap();
     assert_exactly_once(&sink.records(), &expected(&all, per), ctx);
-    let (_, free) = sim_counts(&sim);
+    let (_, free) = seg_and_free_files(&sim);
     assert!(free <= max_free, "{ctx}: {free} free after the last drain");
     assert_eq!(wal.health().free_segments, free as u64, "{ctx}");
 }
@@ -385,12 +374,12 @@ fn drain_removes_one_free_file_per_16_freed_when_passes_free_many() {
         let wal = open_sim(&sim, opts("rate", seg, 0, true, mark_every));
         let n = epochs_for(200, seg, (per, size));
         fill(&wal, 1, n, per, size, true);
-        let (segs0, _) = sim_counts(&sim);
+        let (segs0, _) = seg_and_free_files(&sim);
         let mut sink = MemorySink::new();
         let mut d = wal.deliverer().unwrap();
         let mut last = (0, 0);
         while !step(&mut d, &mut sink).unwrap() {
-            let (segs, free) = sim_counts(&sim);
+            let (segs, free) = seg_and_free_files(&sim);
             last = (segs0 - segs, segs0 - segs - free);
         }
         let (freed, removed) = last;
@@ -480,12 +469,12 @@ fn reopen_with_a_smaller_bound_trims_at_the_first_idle_of_every_driver() {
             let ids = fill(&wal, 1, 60, 7, 500, true);
             let sink = MemorySink::new();
             wal.deliver_ready(&mut sink.clone()).unwrap();
-            let (_, kept) = sim_counts(&sim);
+            let (_, kept) = seg_and_free_files(&sim);
             assert!(kept > 30, "{kept}");
             assert_eq!(wal.health().free_segments, kept as u64);
             drop(wal);
             let wal = open_sim(&sim, opts("smaller", 4096, new_bound, true, 1));
-            let (segs, free) = sim_counts(&sim);
+            let (segs, free) = seg_and_free_files(&sim);
             let h = wal.health();
             assert_eq!(
                 (h.segments, h.free_segments),
@@ -495,9 +484,9 @@ fn reopen_with_a_smaller_bound_trims_at_the_first_idle_of_every_driver() {
             assert!(free + 1 >= kept, "{driver:?}: {free} of {kept}");
             let s2 = sim.clone();
             drive_idle(&wal, driver, sink.clone(), move || {
-                sim_counts(&s2).1 <= new_bound
+                seg_and_free_files(&s2).1 <= new_bound
             });
-            let (_, free) = sim_counts(&sim);
+            let (_, free) = seg_and_free_files(&sim);
             assert_eq!(free, new_bound, "{driver:?}: trimmed to the new bound");
             assert_eq!(wal.health().free_segments, free as u64, "{driver:?}");
             assert_exactly_once(&sink.records(), &expected(&ids, 7), "after");
@@ -542,13 +531,13 @@ fn recycling_off_keeps_no_free_file_it_will_never_reuse() {
     let wal = open_sim(&sim, opts("off", 4096, 1000, true, 1));
     fill(&wal, 1, 60, 7, 500, true);
     wal.deliver_ready(&mut MemorySink::new()).unwrap();
-    assert!(sim_counts(&sim).1 > 30);
+    assert!(seg_and_free_files(&sim).1 > 30);
     drop(wal);
     let wal = open_sim(&sim, opts("off", 4096, 2, false, 1));
     wal.deliver_ready(&mut MemorySink::new()).unwrap();
-    let (s0, f0) = sim_counts(&sim);
+    let (s0, f0) = seg_and_free_files(&sim);
     fill(&wal, 100, 10, 7, 500, true);
-    let (s1, f1) = sim_counts(&sim);
+    let (s1, f1) = seg_and_free_files(&sim);
     assert!(
         f0 == 0 || f1 < f0,
         "{f0} free files kept, none reused: segments {s0} -> {s1}, free {f0} -> {f1}"
@@ -579,7 +568,7 @@ fn appends_during_a_drain_reuse_free_files_and_never_grow() {
                 !step(&mut d, &mut sink).unwrap(),
                 "{ctx}: idle with a backlog"
             );
-            let (s, f) = sim_counts(&sim);
+            let (s, f) = seg_and_free_files(&sim);
             max_total = max_total.max(s + f);
             if round < 20 {
                 peak = max_total;
@@ -591,7 +580,7 @@ fn appends_during_a_drain_reuse_free_files_and_never_grow() {
             assert_eq!(wal.health().free_segments, f as u64, "{ctx}");
         }
         while !step(&mut d, &mut sink).unwrap() {}
-        let (_, f) = sim_counts(&sim);
+        let (_, f) = seg_and_free_files(&sim);
         assert!(f <= max_free, "{ctx}: {f}");
         assert_exactly_once(&sink.records(), &expected(&ids, 7), &ctx);
         eprintln!("{ctx}: peak {peak}, most files {max_total}");
@@ -679,7 +668,7 @@ fn reopen_after_crash(
 ) -> WalSink {
     let (wal, report) = open(sim).unwrap_or_else(|e| panic!("{ctx}: reopen: {e}"));
     assert!(report.corruption.is_none(), "{ctx}: {report:?}");
-    let (segs, free) = sim_counts(sim);
+    let (segs, free) = seg_and_free_files(sim);
     let h = wal.health();
     assert_eq!(
         (h.segments, h.free_segments),
@@ -773,7 +762,7 @@ fn crash_sweep(seeds: std::ops::Range<u64>, memory_store: bool) -> usize {
         let w = wal.take().unwrap();
         w.deliver_ready(&mut sink)
             .unwrap_or_else(|e| panic!("{ctx}: final delivery: {e}"));
-        let (_, free) = sim_counts(&sim);
+        let (_, free) = seg_and_free_files(&sim);
         assert!(
             free <= max_free,
             "{ctx}: {free} free files after the idle delivery"
@@ -797,7 +786,7 @@ fn crash_sweep(seeds: std::ops::Range<u64>, memory_store: bool) -> usize {
                 &ctx,
             );
         }
-        let (segs, free) = sim_counts(&sim);
+        let (segs, free) = seg_and_free_files(&sim);
         assert!(
             free <= max_free,
             "{ctx}: {free} free files after the idle delivery"
@@ -912,7 +901,7 @@ fn a_kill_at_every_operation_of_a_drain_and_its_trim_loses_nothing() {
                     );
                 }
                 let h = wal.health();
-                let (segs, free) = sim_counts(&sim);
+                let (segs, free) = seg_and_free_files(&sim);
                 assert_eq!(
                     (h.segments, h.free_segments),
                     (segs as u64, free as u64),
@@ -922,7 +911,7 @@ fn a_kill_at_every_operation_of_a_drain_and_its_trim_loses_nothing() {
                 wal.deliver_ready(&mut sink)
                     .unwrap_or_else(|e| panic!("{ctx}: delivery after reopen: {e}"));
                 assert_exactly_once(&sink.records(), &expected(&ids[24..], 7), &ctx);
-                let (_, free) = sim_counts(&sim);
+                let (_, free) = seg_and_free_files(&sim);
                 assert!(free <= max_free, "{ctx}: {free} free files");
                 assert_eq!(wal.health().free_segments, free as u64, "{ctx}");
                 // Segments a crash left between the mark and their freeing go with the next
@@ -931,7 +920,7 @@ fn a_kill_at_every_operation_of_a_drain_and_its_trim_loses_nothing() {
                 ids.extend(fill(&wal, 49, 1, 7, 500, true));
                 wal.deliver_ready(&mut sink).unwrap();
                 assert_exactly_once(&sink.records(), &expected(&ids, 7), &ctx);
-                let (segs, free) = sim_counts(&sim);
+                let (segs, free) = seg_and_free_files(&sim);
                 assert!(free <= max_free, "{ctx}: {free} free files");
                 assert!(segs <= 2, "{ctx}: {segs} segments");
                 assert_eq!(wal.health().free_segments, free as u64, "{ctx}");
@@ -955,7 +944,7 @@ fn a_kill_at_every_operation_of_an_idle_trim_and_of_reusing_appends_loses_nothin
         let wal = open_sim(&sim, o.clone());
         let ids = fill(&wal, 1, 40, 7, 500, true);
         wal.deliver_ready(&mut MemorySink::new()).unwrap();
-        assert!(sim_counts(&sim).1 > 30);
+        assert!(seg_and_free_files(&sim).1 > 30);
         drop(wal);
         o.max_free_segments = 2;
         (sim, o, ids)
@@ -1003,7 +992,7 @@ fn a_kill_at_every_operation_of_an_idle_trim_and_of_reusing_appends_loses_nothin
                 assert!(report.pending.contains(id), "{ctx}: {id} lost: {report:?}");
             }
             let h = wal.health();
-            let (segs, free) = sim_counts(&sim);
+            let (segs, free) = seg_and_free_files(&sim);
             assert_eq!(
                 (h.segments, h.free_segments),
                 (segs as u64, free as u64),
@@ -1013,7 +1002,7 @@ fn a_kill_at_every_operation_of_an_idle_trim_and_of_reusing_appends_loses_nothin
             wal.deliver_ready(&mut sink)
                 .unwrap_or_else(|e| panic!("{ctx}: delivery: {e}"));
             assert_exactly_once(&sink.records(), &expected(&acked, 7), &ctx);
-            let (_, free) = sim_counts(&sim);
+            let (_, free) = seg_and_free_files(&sim);
             assert!(free <= 2, "{ctx}: {free} free files");
             assert_eq!(wal.health().free_segments, free as u64, "{ctx}");
         }
@@ -1070,7 +1059,7 @@ fn failed_renames_removals_and_dir_syncs_while_freeing_are_reported_and_finished
                 // reopen finds a clean log.
                 let more = fill(&wal, 49, 3, 7, 500, true);
                 wal.deliver_ready(&mut sink).unwrap();
-                let (segs, free) = sim_counts(&sim);
+                let (segs, free) = seg_and_free_files(&sim);
                 let h = wal.health();
                 assert!(free <= max_free, "{ctx}: {free} free files ({errs:?})");
                 assert!(segs <= 2, "{ctx}: {segs} segments ({errs:?})");
@@ -1093,7 +1082,7 @@ fn failed_renames_removals_and_dir_syncs_while_freeing_are_reported_and_finished
                 let mut all = ids[24..].to_vec();
                 all.extend(more);
                 assert_exactly_once(&sink.records(), &expected(&all, 7), &ctx);
-                assert!(sim_counts(&sim).1 <= max_free, "{ctx}");
+                assert!(seg_and_free_files(&sim).1 <= max_free, "{ctx}");
             }
         }
     }
@@ -1116,7 +1105,7 @@ fn committer_retries_a_failed_idle_trim_without_new_work() {
         sim.inject_fault(op, 3, std::io::ErrorKind::Other);
         let c = wal.spawn_committer(sink.clone()).unwrap();
         wait_for("the retried trim", Duration::from_secs(10), || {
-            sim_counts(&sim).1 <= 2
+            seg_and_free_files(&sim).1 <= 2
         });
         assert_eq!(sim.pending_faults(), 0, "{op:?}");
         assert!(wal.health().errors >= 1, "{op:?}: the failure is counted");
@@ -1141,7 +1130,7 @@ fn health_clears_a_trim_error_once_the_trim_is_done() {
     let e = wal.deliver_ready(&mut sink).unwrap_err();
     assert!(e.to_string().contains("remove free segment"), "{e}");
     wal.deliver_ready(&mut sink).unwrap();
-    assert_eq!(sim_counts(&sim).1, 0);
+    assert_eq!(seg_and_free_files(&sim).1, 0);
     let h = wal.health();
     assert_eq!(
         (h.last_error.as_deref(), h.retries),
@@ -1160,7 +1149,7 @@ fn health_clears_a_trim_error_once_the_trim_is_done() {
         sim2.inject_fault(FaultOp::Remove, 0, std::io::ErrorKind::Other);
         let c = wal.spawn_committer(MemorySink::new()).unwrap();
         wait_for("the trim", Duration::from_secs(10), || {
-            sim_counts(&sim2).1 <= 2
+            seg_and_free_files(&sim2).1 <= 2
         });
         std::thread::sleep(Duration::from_millis(100));
         let h = wal.health();
@@ -1218,7 +1207,7 @@ fn a_failed_dir_sync_after_renaming_to_free_is_finished_by_the_next_commit() {
     assert_eq!(wal.deliver_ready(&mut sink).unwrap(), 1);
     let all: Vec<u64> = ids[24..].iter().chain(&more).copied().collect();
     assert_exactly_once(&sink.records(), &expected(&all, 7), "after the next commit");
-    let (segs, free) = sim_counts(&sim);
+    let (segs, free) = seg_and_free_files(&sim);
     let h = wal.health();
     assert_eq!(
         (h.segments, h.free_segments),
@@ -1245,7 +1234,7 @@ fn a_failed_rename_to_free_is_done_again_by_the_next_commit() {
     assert_exactly_once(&sink.records(), &expected(&ids[24..], 7), "drain");
     let more = fill(&wal, 49, 1, 7, 500, true);
     assert_eq!(wal.deliver_ready(&mut sink).unwrap(), 1);
-    let (segs, free) = sim_counts(&sim);
+    let (segs, free) = seg_and_free_files(&sim);
     assert!(
         segs <= 2 && free == 0,
         "{segs} segments, {free} free, after the next commit ({e})"
@@ -1459,26 +1448,26 @@ fn restore_after_a_drain_frees_voided_segments_and_trims() {
         let mut want = fill(&wal, 1, 20, 7, 500, true);
         let mut sink = MemorySink::with_marker();
         wal.deliver_ready(&mut sink).unwrap();
-        assert_eq!(sim_counts(&sim).1, max_free, "{ctx}");
+        assert_eq!(seg_and_free_files(&sim).1, max_free, "{ctx}");
         fill(&wal, 21, 20, 7, 500, false);
         for i in 0..30 {
             wal.append(&rec(99, i, 500)).unwrap();
         }
         let peak = {
-            let (s, f) = sim_counts(&sim);
+            let (s, f) = seg_and_free_files(&sim);
             s + f
         };
         wal.restore(restore_to).unwrap();
         want.extend(21..=restore_to.unwrap_or(20));
         wal.deliver_ready(&mut sink).unwrap();
-        let (segs, free) = sim_counts(&sim);
+        let (segs, free) = seg_and_free_files(&sim);
         assert!(segs + free <= peak + 1, "{ctx}: {segs} + {free} > {peak}");
         assert!(free <= max_free, "{ctx}: {free}");
         assert_eq!(wal.health().free_segments, free as u64, "{ctx}");
         want.extend(fill(&wal, 41, 1, 7, 500, true));
         wal.deliver_ready(&mut sink).unwrap();
         assert_exactly_once(&sink.records(), &expected(&want, 7), &ctx);
-        let (segs, free) = sim_counts(&sim);
+        let (segs, free) = seg_and_free_files(&sim);
         assert!(segs <= 2 && free <= max_free, "{ctx}: ({segs}, {free})");
         assert_eq!(wal.health().free_segments, free as u64, "{ctx}");
         drop(wal);
@@ -1507,7 +1496,7 @@ fn free_files_are_reused_across_a_segment_size_change() {
         let mut want = fill(&wal, 1, n, 7, 500, true);
         let mut sink = MemorySink::with_marker();
         wal.deliver_ready(&mut sink).unwrap();
-        let kept = sim_counts(&sim).1;
+        let kept = seg_and_free_files(&sim).1;
         assert!(kept > 10, "{ctx}: {kept}");
         drop(wal);
         let o = opts("resize", to, 3, true, 1);
@@ -1524,7 +1513,7 @@ fn free_files_are_reused_across_a_segment_size_change() {
         wal.checkpoint_complete(n + m).unwrap();
         wal.deliver_ready(&mut sink).unwrap();
         assert_exactly_once(&sink.records(), &expected(&want, 7), &ctx);
-        let (_, free) = sim_counts(&sim);
+        let (_, free) = seg_and_free_files(&sim);
         assert!(free <= 3, "{ctx}: {free}");
         assert_eq!(wal.health().free_segments, free as u64, "{ctx}");
         drop(wal);
@@ -1770,7 +1759,7 @@ fn a_kill_at_every_operation_of_opens_over_free_files_loses_nothing() {
         let wal = open_sim(&sim, o.clone());
         fill(&wal, 1, 30, 7, 500, true);
         wal.deliver_ready(&mut MemorySink::new()).unwrap();
-        assert!(sim_counts(&sim).1 > 20);
+        assert!(seg_and_free_files(&sim).1 > 20);
         drop(wal);
         o.max_free_segments = 1;
         (sim, o)
@@ -1841,7 +1830,7 @@ fn a_kill_at_every_operation_of_opens_over_free_files_loses_nothing() {
                 );
             }
             let h = wal.health();
-            let (segs, free) = sim_counts(&sim);
+            let (segs, free) = seg_and_free_files(&sim);
             assert_eq!(
                 (h.segments, h.free_segments),
                 (segs as u64, free as u64),
@@ -1851,7 +1840,7 @@ fn a_kill_at_every_operation_of_opens_over_free_files_loses_nothing() {
             wal.deliver_ready(&mut sink)
                 .unwrap_or_else(|e| panic!("{ctx}: delivery: {e}"));
             assert_exactly_once(&sink.records(), &expected(&acked, 7), &ctx);
-            let (_, free) = sim_counts(&sim);
+            let (_, free) = seg_and_free_files(&sim);
             assert!(free <= 1, "{ctx}: {free} free files");
         }
     }
@@ -1875,11 +1864,11 @@ fn idle_with_sealed_incomplete_epochs_still_trims() {
         let waiting = fill(&wal, 41, 5, 7, 500, false);
         let sink = MemorySink::with_marker();
         drive_idle(&wal, driver, sink.clone(), || {
-            wal.health().committed == Some(40) && sim_counts(&sim).1 <= 1
+            wal.health().committed == Some(40) && seg_and_free_files(&sim).1 <= 1
         });
         assert_eq!(wal.health().committed, Some(40), "{driver:?}");
         assert_eq!(wal.health().backlog_epochs, 5, "{driver:?}");
-        let (_, free) = sim_counts(&sim);
+        let (_, free) = seg_and_free_files(&sim);
         assert_eq!(free, 1, "{driver:?}: trimmed with epochs still waiting");
         assert_eq!(wal.health().free_segments, 1, "{driver:?}");
         wal.checkpoint_complete(45).unwrap();
@@ -1901,7 +1890,7 @@ fn a_failing_sink_mid_drain_keeps_free_files_until_idle() {
         let sim = SimStorage::new();
         let wal = open_sim(&sim, opts("sinkfail", 4096, 1, true, 1));
         let ids = fill(&wal, 1, 40, 7, 500, true);
-        let peak = sim_counts(&sim).0;
+        let peak = seg_and_free_files(&sim).0;
         let sink = MemorySink::new();
         // Deliver 25 epochs, then fail.
         {
@@ -1917,25 +1906,25 @@ fn a_failing_sink_mid_drain_keeps_free_files_until_idle() {
             wait_for("retries", Duration::from_secs(10), || {
                 wal.health().retries >= 3
             });
-            let (s, f) = sim_counts(&sim);
+            let (s, f) = seg_and_free_files(&sim);
             assert!(wal.health().last_error.is_some());
             sink.set_failing(false);
             assert!(wal.wait_committed(40, Duration::from_secs(10)));
             wait_for("the idle trim", Duration::from_secs(10), || {
-                sim_counts(&sim).1 <= 1
+                seg_and_free_files(&sim).1 <= 1
             });
             c.shutdown();
             (s, f)
         } else {
             assert!(wal.deliver_ready(&mut sink.clone()).is_err());
-            let during = sim_counts(&sim);
+            let during = seg_and_free_files(&sim);
             sink.set_failing(false);
             wal.deliver_ready(&mut sink.clone()).unwrap();
             during
         };
         assert!(during.0 + during.1 <= peak, "{during:?} > {peak}");
         assert!(during.1 > 1, "free files kept while not idle: {during:?}");
-        let (segs, free) = sim_counts(&sim);
+        let (segs, free) = seg_and_free_files(&sim);
         assert!(free <= 1 && segs <= 2, "({segs}, {free})");
         assert_eq!(wal.health().free_segments, free as u64);
         let good: Vec<Vec<u8>> = sink.records();

@@ -103,6 +103,14 @@ pub struct Health {
     pub poisoned: bool,
 }
 
+impl Health {
+    /// A delivery, mark or idle step succeeded: the error shown before is no longer current.
+    pub(crate) fn clear_error(&mut self) {
+        self.retries = 0;
+        self.last_error = None;
+    }
+}
+
 /// Milliseconds since the Unix epoch, now.
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()

@@ -12,16 +12,29 @@
 //! wrong split point found through a damaged size only costs the second half's work.
 
 use crate::log::format::{self, FrameKind, Seed};
-use crate::storage::StorageFile;
+use crate::storage::{read_full, StorageFile};
 use std::io;
 
 /// Chunks of at least this many bytes are read and verified in two halves; smaller ones are
 /// not worth a thread.
 pub(crate) const SPLIT_MIN: usize = 2 << 20;
 
+/// The chunk size from which [`read_chunk`] uses a second thread here: [`SPLIT_MIN`], or
+/// `usize::MAX` (never) when the process may run on one core only.
+pub(crate) fn split_min() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        if std::thread::available_parallelism().is_ok_and(|n| n.get() > 1) {
+            SPLIT_MIN
+        } else {
+            usize::MAX
+        }
+    })
+}
+
 /// Reads `want` bytes at `offset` of `file` into `v` (fewer at the file's end: `v` is cut to
 /// what was read) and verifies the data frames at its start, in two halves on two threads when
-/// `want` is at least `split_min` ([`SPLIT_MIN`], or `usize::MAX` for one thread). Returns the
+/// `want` is at least `split_min` ([`split_min`] here; `usize::MAX` for one thread). Returns the
 /// verified prefix: its length in bytes and its number of data frames.
 pub(crate) fn read_chunk(
     file: &dyn StorageFile,
@@ -31,16 +44,15 @@ pub(crate) fn read_chunk(
     v: &mut Vec<u8>,
     split_min: usize,
 ) -> io::Result<(usize, u64)> {
+    if want < split_min.max(2) {
+        file.read_range_into(offset, want, v)?;
+        return Ok(verified_prefix(v, seed, offset, 0, v.len()));
+    }
     // A kept buffer still holds old bytes: overwritten below, never zeroed first.
     if v.len() < want {
         v.resize(want, 0);
     } else {
         v.truncate(want);
-    }
-    if want < split_min.max(2) {
-        let got = read_full(file, offset, v)?;
-        v.truncate(got);
-        return Ok(verified_prefix(v, seed, offset, 0, got));
     }
     let half = want / 2;
     let (a, b) = v.split_at_mut(half);
@@ -72,18 +84,6 @@ pub(crate) fn read_chunk(
 /// The result of a scoped thread; its panic goes on in the caller.
 fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
     h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
-}
-
-/// Fills `buf` from `offset` on; fewer bytes only at the file's end. Returns the bytes read.
-fn read_full(file: &dyn StorageFile, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-    let mut at = 0;
-    while at < buf.len() {
-        match file.read_at(offset + at as u64, &mut buf[at..])? {
-            0 => break,
-            n => at += n,
-        }
-    }
-    Ok(at)
 }
 
 /// Where the first frame at or after `half` starts, following the frame sizes the headers

@@ -198,9 +198,15 @@ impl Reader {
             let mut want = left.min(ext.chunk);
             let (buf, end, count, next) = loop {
                 let mut v = self.pool.take();
-                let verified =
-                    halves::read_chunk(&**file, seed, cur.pos.offset, want, &mut v, split_min())
-                        .map_err(|e| io("read", e))?;
+                let verified = halves::read_chunk(
+                    &**file,
+                    seed,
+                    cur.pos.offset,
+                    want,
+                    &mut v,
+                    halves::split_min(),
+                )
+                .map_err(|e| io("read", e))?;
                 let buf = Bytes::from(v);
                 let cut_short = want < left;
                 match scan_chunk(&buf, seed, cur.pos, cut_short, verified) {
@@ -284,20 +290,6 @@ enum Scanned {
     },
     /// The first frame does not fit: read at least this many bytes.
     NeedMore(usize),
-}
-
-/// The chunk size from which [`halves::read_chunk`] uses a second thread: never on a machine
-/// with one core.
-fn split_min() -> usize {
-    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| {
-        let two = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
-        if two {
-            halves::SPLIT_MIN
-        } else {
-            usize::MAX
-        }
-    })
 }
 
 /// Verifies the data frames at the start of `buf` (segment bytes from `at` on), from `from`:

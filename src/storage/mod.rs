@@ -97,22 +97,33 @@ pub trait StorageFile: Send + Sync + Debug {
     /// Like [`StorageFile::read_range`], into `buf`, reusing its allocation: a buffer whose
     /// pages are already mapped is filled several times faster than a fresh one.
     fn read_range_into(&self, offset: u64, len: usize, buf: &mut Vec<u8>) -> io::Result<()> {
+        // A reused buffer still holds old bytes: overwritten, never zeroed first.
         if buf.len() < len {
             buf.resize(len, 0);
         } else {
             buf.truncate(len);
         }
-        let mut at = 0;
-        while at < len {
-            let n = self.read_at(offset + at as u64, &mut buf[at..])?;
-            if n == 0 {
-                break;
-            }
-            at += n;
-        }
+        let at = read_full(self, offset, buf)?;
         buf.truncate(at);
         Ok(())
     }
+}
+
+/// Fills `buf` from `offset` of `file` on, with as many `read_at` calls as it takes; fewer
+/// bytes only at the file's end. Returns the bytes read.
+pub(crate) fn read_full<F: StorageFile + ?Sized>(
+    file: &F,
+    offset: u64,
+    buf: &mut [u8],
+) -> io::Result<usize> {
+    let mut at = 0;
+    while at < buf.len() {
+        match file.read_at(offset + at as u64, &mut buf[at..])? {
+            0 => break,
+            n => at += n,
+        }
+    }
+    Ok(at)
 }
 
 /// Reads a whole small file into memory.

@@ -89,16 +89,10 @@ impl Shared {
             }
             let name = format::segment_name(seq);
             let free = format::free_name(seq);
-            let (res, what) = if recycle {
-                (
-                    self.storage.rename(&name, &free),
-                    format!("rename committed segment {name} to {free}"),
-                )
+            let res = if recycle {
+                self.storage.rename(&name, &free)
             } else {
-                (
-                    self.storage.remove(&name),
-                    format!("remove committed segment {name}"),
-                )
+                self.storage.remove(&name)
             };
             // Gone already: an earlier attempt removed or renamed it and then failed to sync
             // the directory. The sync below is what still has to happen; the file is reused
@@ -108,7 +102,11 @@ impl Shared {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     self.storage.open(&free).is_ok()
                 }
-                Err(e) => return Err(Error::io(what, e)),
+                Err(e) if recycle => {
+                    let what = format!("rename committed segment {name} to {free}");
+                    return Err(Error::io(what, e));
+                }
+                Err(e) => return Err(Error::io(format!("remove committed segment {name}"), e)),
             };
             self.storage.sync_dir().map_err(|e| {
                 Error::io(
@@ -149,30 +147,14 @@ impl Shared {
     }
 
     /// Removes free files beyond the bound, oldest first: all of them when `idle`, else one
-    /// per [`TRIM_EVERY`] segments freed since the last. Each removal is followed by a
-    /// directory sync, as every removal of the log's.
+    /// per [`TRIM_EVERY`] segments freed since the last.
     fn trim_free(&self, pass: &mut Freeing, idle: bool) -> Result<()> {
         loop {
             if !idle && pass.since_trim < TRIM_EVERY {
                 return Ok(());
             }
-            let seq = {
-                let mut cat = self.cat.lock();
-                if cat.free.len() <= self.free_bound() {
-                    return Ok(());
-                }
-                // The oldest: appends reuse the newest first.
-                cat.free.remove(0)
-            };
-            let name = format::free_name(seq);
-            let removed = match self.storage.remove(&name) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-                _ => self.storage.sync_dir(),
-            };
-            if let Err(e) = removed {
-                // Kept in the list: a later pass tries again.
-                self.cat.lock().free.insert(0, seq);
-                return Err(Error::io(format!("remove free segment {name}"), e));
+            if !self.remove_oldest_free(self.free_bound(), false)? {
+                return Ok(());
             }
             if !idle {
                 pass.since_trim -= TRIM_EVERY;
@@ -187,26 +169,27 @@ impl Shared {
     pub(crate) fn with_room<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
         loop {
             match f() {
-                Err(e) if is_disk_full(&e) && self.release_free_file()? => {}
+                Err(e) if is_disk_full(&e) && self.remove_oldest_free(0, true)? => {}
                 r => return r,
             }
         }
     }
 
-    /// Gives the oldest free file's blocks back to the filesystem now: cut to nothing (a
-    /// removed file's blocks come back only at its last close, which may come later), then
-    /// removed, the directory synced. False when there is none.
-    fn release_free_file(&self) -> Result<bool> {
+    /// Removes the oldest free file (appends reuse the newest first) if more than `keep` are
+    /// kept, as [`remove_free_file`] does (`now`: its blocks given back at once). False when
+    /// there was none to remove. A file that could not be removed stays in the list, for a
+    /// later pass.
+    fn remove_oldest_free(&self, keep: usize, now: bool) -> Result<bool> {
         let Some(seq) = ({
             let mut cat = self.cat.lock();
-            (!cat.free.is_empty()).then(|| cat.free.remove(0))
+            (cat.free.len() > keep).then(|| cat.free.remove(0))
         }) else {
             return Ok(false);
         };
         let name = format::free_name(seq);
-        release_file(&*self.storage, &name).map_err(|e| {
+        remove_free_file(&*self.storage, &name, now).map_err(|e| {
             self.cat.lock().free.insert(0, seq);
-            Error::io(format!("remove free segment {name} to make room"), e)
+            Error::io(format!("remove free segment {name}"), e)
         })?;
         Ok(true)
     }
@@ -217,14 +200,21 @@ pub(crate) fn is_disk_full(e: &Error) -> bool {
     matches!(e.kind(), ErrorKind::Io { source, .. } if reserve::is_full(source))
 }
 
-/// Cuts file `name` to nothing, removes it and syncs the directory; a file already gone
-/// counts as removed. A cut to nothing of a `.free` file is harmless at a crash: an empty free
-/// file is reused as any other.
-pub(crate) fn release_file(storage: &dyn Storage, name: &str) -> std::io::Result<()> {
-    match storage.open(name) {
-        Ok(f) => f.set_len(0)?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+/// Removes free file `name` and syncs the directory, as every removal of the log's; a file
+/// already gone counts as removed. `now`: cut it to nothing first, so that its blocks come back
+/// at once (a removed file's blocks come back only at its last close, which may come later);
+/// harmless at a crash, as an empty free file is reused as any other.
+pub(crate) fn remove_free_file(
+    storage: &dyn Storage,
+    name: &str,
+    now: bool,
+) -> std::io::Result<()> {
+    if now {
+        match storage.open(name) {
+            Ok(f) => f.set_len(0)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
     }
     match storage.remove(name) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),

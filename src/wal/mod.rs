@@ -252,7 +252,7 @@ impl WalSink {
         // taken after the new segment's first block, which the log cannot open without. Free
         // files a drain kept may hold the disk's last blocks: the oldest are given back for it.
         while !crate::storage::reserve::keep(&*storage) && !free.is_empty() {
-            if cleanup::release_file(&*storage, &format::free_name(free[0])).is_err() {
+            if cleanup::remove_free_file(&*storage, &format::free_name(free[0]), true).is_err() {
                 break;
             }
             free.remove(0);

@@ -51,8 +51,7 @@ impl Shared {
         if latency.is_some() {
             cat.health.last_commit_latency = latency;
         }
-        cat.health.retries = 0;
-        cat.health.last_error = None;
+        cat.health.clear_error();
         self.catalog_changed();
         Ok(())
     }
@@ -78,16 +77,13 @@ impl Shared {
         let mut cat = self.cat.lock();
         cat.health.delivered_epochs += 1;
         cat.health.delivered_records += records;
-        cat.health.retries = 0;
-        cat.health.last_error = None;
+        cat.health.clear_error();
     }
 
     /// A deliverer found nothing deliverable, every delivered epoch marked and the freeing
     /// done: an error shown before is no longer current.
     pub(crate) fn note_idle(&self) {
-        let mut cat = self.cat.lock();
-        cat.health.retries = 0;
-        cat.health.last_error = None;
+        self.cat.lock().health.clear_error();
     }
 
     /// A delivery or mark failed, at the `attempt`-th try of the same epoch.

@@ -23,6 +23,13 @@ pub fn open_sim(sim: &SimStorage, o: Options) -> WalSink {
         .0
 }
 
+/// `(segment files, free files)` on a simulated disk.
+pub fn seg_and_free_files(sim: &SimStorage) -> (usize, usize) {
+    let files = sim.snapshot();
+    let count = |ext: &str| files.keys().filter(|n| n.ends_with(ext)).count();
+    (count(".wseg"), count(".free"))
+}
+
 /// Values `a..=b` as decimal records.
 pub fn values(a: u32, b: u32) -> Vec<Vec<u8>> {
     (a..=b).map(|v| v.to_string().into_bytes()).collect()
@@ -98,5 +105,98 @@ impl Drop for Tmpfs {
             .arg("-l")
             .arg(&self.0)
             .status();
+    }
+}
+
+/// Called before each `read_at` of a [`ReadHooked`] storage's files, with the offset and the
+/// length asked for.
+pub type ReadHook = Arc<dyn Fn(u64, usize) + Send + Sync>;
+
+/// A storage that forwards every call to `inner` and calls `hook` before each read of a file:
+/// for tests that watch the log's reads (how large, on which thread).
+#[derive(Clone)]
+pub struct ReadHooked {
+    pub inner: Arc<dyn walsink::storage::Storage>,
+    pub hook: ReadHook,
+}
+
+impl std::fmt::Debug for ReadHooked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadHooked")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+/// A file of a [`ReadHooked`] storage.
+struct HookedFile {
+    inner: Arc<dyn walsink::storage::StorageFile>,
+    hook: ReadHook,
+}
+
+impl std::fmt::Debug for HookedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl walsink::storage::StorageFile for HookedFile {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        (self.hook)(offset, buf.len());
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.inner.write_at(offset, data)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.inner.sync_data()
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn write_durable(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.inner.write_durable(offset, data)
+    }
+    fn data_prefix(&self) -> std::io::Result<u64> {
+        self.inner.data_prefix()
+    }
+}
+
+impl walsink::storage::Storage for ReadHooked {
+    fn list(&self) -> std::io::Result<Vec<String>> {
+        self.inner.list()
+    }
+    fn open(&self, name: &str) -> std::io::Result<Arc<dyn walsink::storage::StorageFile>> {
+        Ok(Arc::new(HookedFile {
+            inner: self.inner.open(name)?,
+            hook: self.hook.clone(),
+        }))
+    }
+    fn create(&self, name: &str) -> std::io::Result<Arc<dyn walsink::storage::StorageFile>> {
+        Ok(Arc::new(HookedFile {
+            inner: self.inner.create(name)?,
+            hook: self.hook.clone(),
+        }))
+    }
+    fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn remove(&self, name: &str) -> std::io::Result<()> {
+        self.inner.remove(name)
+    }
+    fn sync_dir(&self) -> std::io::Result<()> {
+        self.inner.sync_dir()
+    }
+    fn check_alive(&self) -> std::io::Result<()> {
+        self.inner.check_alive()
+    }
+    fn lock(&self, name: &str) -> std::io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
+        self.inner.lock(name)
+    }
+    fn describe(&self) -> String {
+        format!("read-hooked {}", self.inner.describe())
     }
 }

@@ -4,7 +4,7 @@ use crate::config::{Config, Mode};
 use crate::error::{sink_error, Class};
 use crate::failpoint;
 use crate::mapping::{self, RawRows, RowMapping};
-use crate::marker::Marker;
+use crate::marker::{is_creation_race, Marker};
 use crate::table::quote_literal;
 use bytes::{Bytes, BytesMut};
 use futures_util::SinkExt;
@@ -190,9 +190,21 @@ impl PgSink {
                     .await
                     .map_err(|e| sink_error("look up the target table", e))?
                 {
-                    client.batch_execute(&ddl).await.map_err(|e| {
-                        sink_error(&format!("create the table {}", table.plain()), e)
-                    })?;
+                    match client.batch_execute(&ddl).await {
+                        Ok(()) => {}
+                        // Another session created it at the same moment (two sinks starting
+                        // together): IF NOT EXISTS does not cover a creation still under way,
+                        // so the loser fails on the catalog's unique index. Look again.
+                        Err(e)
+                            if is_creation_race(&e)
+                                && exists(table.to_string()).await.unwrap_or(false) => {}
+                        Err(e) => {
+                            return Err(sink_error(
+                                &format!("create the table {}", table.plain()),
+                                e,
+                            ))
+                        }
+                    }
                 }
             }
         }

@@ -22,13 +22,45 @@ pub enum Mode {
 /// The default age of a prepared transaction past which the sink warns.
 pub const DEFAULT_PREPARED_WARN_AFTER: Duration = Duration::from_secs(300);
 
+/// The query parameters walsink reads itself (the rest go to the connection library).
+pub const WALSINK_PARAMETERS: &[&str] = &[
+    "table",
+    "mode",
+    "marker_table",
+    "create",
+    "prepared_warn_after",
+];
+
+/// The query parameters passed on to the connection library (tokio-postgres); `password`
+/// is refused in the query.
+pub const CONNECTION_PARAMETERS: &[&str] = &[
+    "user",
+    "dbname",
+    "host",
+    "hostaddr",
+    "port",
+    "options",
+    "application_name",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "load_balance_hosts",
+    "sslmode",
+    "sslnegotiation",
+    "channel_binding",
+];
+
 /// Where and how a [`PgSink`](crate::PgSink) delivers.
 ///
 /// From a URL ([`Config::from_url`]):
 /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB?table=NAME[&mode=marker|2pc][&marker_table=NAME][&create=true|false][&prepared_warn_after=5m]`
-/// plus any connection option tokio-postgres knows (`connect_timeout=10`,
-/// `application_name=…`, `options=…`, `keepalives=…`). `Display` and `Debug` never show the
-/// password.
+/// plus the connection options tokio-postgres knows ([`CONNECTION_PARAMETERS`]:
+/// `connect_timeout=10`, `application_name=…`, `options=…`, `keepalives=…`); any other
+/// parameter is an error naming it. `Display` and `Debug` never show the password.
 #[derive(Clone)]
 pub struct Config {
     pub(crate) pg: tokio_postgres::Config,
@@ -212,7 +244,14 @@ impl Config {
                         "password= in the query is not accepted (it would show in process lists and logs): put it in the URL's user part or in PGPASSWORD",
                     ))
                 }
-                _ => passed.push(pair),
+                _ if CONNECTION_PARAMETERS.contains(&k) => passed.push(pair),
+                _ => {
+                    return Err(ConfigError::new(format!(
+                        "{shown}: unknown parameter {k:?}: walsink takes {}; the connection takes {} (see docs/targets/postgres.md)",
+                        WALSINK_PARAMETERS.join(", "),
+                        CONNECTION_PARAMETERS.join(", ")
+                    )))
+                }
             }
         }
         let Some(table) = table else {
@@ -226,8 +265,15 @@ impl Config {
             conn.push_str(&passed.join("&"));
         }
         let mut pg = tokio_postgres::Config::from_str(&conn).map_err(|e| {
+            // tokio-postgres says what is wrong (the option, the host) in the error's source.
+            let mut why = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                why.push_str(&format!(": {s}"));
+                source = s.source();
+            }
             ConfigError::new(format!(
-                "{}: not a PostgreSQL connection URL: {e}",
+                "{}: not a PostgreSQL connection URL: {why}",
                 redact(&conn)
             ))
         })?;
@@ -336,6 +382,29 @@ mod tests {
         );
         assert!(e("postgres://u@h/d?table=a.b.c").contains("table="));
         assert!(e("postgres://u@h/d?table=t&marker_table=-").contains("marker_table="));
+    }
+
+    #[test]
+    fn an_unknown_parameter_is_named_with_the_accepted_ones() {
+        let e = Config::from_url("postgres://u:s3cret@h/d?table=t&lock_timeot=5s")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown parameter \"lock_timeot\""), "{e}");
+        for accepted in [
+            "table",
+            "mode",
+            "marker_table",
+            "prepared_warn_after",
+            "connect_timeout",
+        ] {
+            assert!(e.contains(accepted), "{accepted} is listed: {e}");
+        }
+        assert!(!e.contains("s3cret"), "{e}");
+        // A value the connection library refuses: its option is named.
+        let e = Config::from_url("postgres://u@h/d?table=t&sslmode=sometimes")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid value for option `sslmode`"), "{e}");
     }
 
     #[test]

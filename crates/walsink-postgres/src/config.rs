@@ -22,13 +22,56 @@ pub enum Mode {
 /// The default age of a prepared transaction past which the sink warns.
 pub const DEFAULT_PREPARED_WARN_AFTER: Duration = Duration::from_secs(300);
 
+/// The default longest wait of one statement for a lock (`lock_timeout`): past it the
+/// statement fails with 55P03, a retryable error, and the delivery is tried again.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The default longest time a session of the sink may sit idle inside a transaction before
+/// the server ends it (`idle_in_transaction_timeout`, PostgreSQL's
+/// `idle_in_transaction_session_timeout`).
+pub const DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The query parameters walsink reads itself (the rest go to the connection library).
+pub const WALSINK_PARAMETERS: &[&str] = &[
+    "table",
+    "mode",
+    "marker_table",
+    "create",
+    "prepared_warn_after",
+    "lock_timeout",
+    "idle_in_transaction_timeout",
+];
+
+/// The query parameters passed on to the connection library (tokio-postgres); `password`
+/// is refused in the query.
+pub const CONNECTION_PARAMETERS: &[&str] = &[
+    "user",
+    "dbname",
+    "host",
+    "hostaddr",
+    "port",
+    "options",
+    "application_name",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "load_balance_hosts",
+    "sslmode",
+    "sslnegotiation",
+    "channel_binding",
+];
+
 /// Where and how a [`PgSink`](crate::PgSink) delivers.
 ///
 /// From a URL ([`Config::from_url`]):
-/// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB?table=NAME[&mode=marker|2pc][&marker_table=NAME][&create=true|false][&prepared_warn_after=5m]`
-/// plus any connection option tokio-postgres knows (`connect_timeout=10`,
-/// `application_name=…`, `options=…`, `keepalives=…`). `Display` and `Debug` never show the
-/// password.
+/// `postgres://USER[:PASSWORD]@HOST[:PORT]/DB?table=NAME[&mode=marker|2pc][&marker_table=NAME][&create=true|false][&prepared_warn_after=5m][&lock_timeout=5s][&idle_in_transaction_timeout=60s]`
+/// plus the connection options tokio-postgres knows ([`CONNECTION_PARAMETERS`]:
+/// `connect_timeout=10`, `application_name=…`, `options=…`, `keepalives=…`); any other
+/// parameter is an error naming it. `Display` and `Debug` never show the password.
 #[derive(Clone)]
 pub struct Config {
     pub(crate) pg: tokio_postgres::Config,
@@ -45,6 +88,17 @@ pub struct Config {
     pub prepared_warn_after: Duration,
     /// Bytes of encoded rows sent to the server in one COPY message.
     pub copy_buffer: usize,
+    /// The longest one statement of the sink waits for a lock (the session's `lock_timeout`;
+    /// zero: no limit). A delivery waiting behind another transaction that holds its epoch's
+    /// marker (an earlier connection whose COMMIT or PREPARE is still on its way) then fails
+    /// with a retryable error and looks again, instead of waiting for ever behind a
+    /// transaction that prepares and is never resolved. Default 5 s.
+    pub lock_timeout: Duration,
+    /// The longest a session of the sink may sit idle inside a transaction before the server
+    /// ends it (the session's `idle_in_transaction_session_timeout`; zero: no limit). It
+    /// bounds how long a transaction of a connection whose client vanished without the
+    /// server seeing it close (a cut link) holds the epoch's marker. Default 60 s.
+    pub idle_in_transaction_timeout: Duration,
 }
 
 fn parse_duration(s: &str, what: &str) -> Result<Duration, ConfigError> {
@@ -63,6 +117,17 @@ fn parse_duration(s: &str, what: &str) -> Result<Duration, ConfigError> {
         "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
         _ => return Err(bad()),
     };
+    Ok(d)
+}
+
+/// `d`, checked to fit a PostgreSQL timeout setting (whole milliseconds, at most `i32::MAX`).
+fn pg_timeout(d: Duration, what: &str, s: &str) -> Result<Duration, ConfigError> {
+    if d.as_millis() > i32::MAX as u128 {
+        return Err(ConfigError::new(format!(
+            "{what}={s:?} is too long: PostgreSQL takes at most {} ms (about 24 days); use 0s for no limit",
+            i32::MAX
+        )));
+    }
     Ok(d)
 }
 
@@ -121,7 +186,8 @@ pub fn redact(url: &str) -> String {
 impl Config {
     /// A configuration from a tokio-postgres connection configuration and a table, with the
     /// defaults: marker mode, the marker table `walsink_markers`, tables created if missing,
-    /// warnings for prepared transactions older than 5 minutes.
+    /// warnings for prepared transactions older than 5 minutes, a lock timeout of 5 s and an
+    /// idle-in-transaction timeout of 60 s.
     pub fn new(pg: tokio_postgres::Config, table: TableName) -> Config {
         let host = pg
             .get_hosts()
@@ -148,6 +214,8 @@ impl Config {
             create: true,
             prepared_warn_after: DEFAULT_PREPARED_WARN_AFTER,
             copy_buffer: 256 << 10,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            idle_in_transaction_timeout: DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
         }
     }
 
@@ -175,6 +243,8 @@ impl Config {
         let mut marker_table = None;
         let mut create = true;
         let mut warn_after = DEFAULT_PREPARED_WARN_AFTER;
+        let mut lock_timeout = DEFAULT_LOCK_TIMEOUT;
+        let mut idle_timeout = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT;
         let mut passed = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -207,12 +277,23 @@ impl Config {
                     }
                 }
                 "prepared_warn_after" => warn_after = parse_duration(&v, k)?,
+                "lock_timeout" => lock_timeout = pg_timeout(parse_duration(&v, k)?, k, &v)?,
+                "idle_in_transaction_timeout" => {
+                    idle_timeout = pg_timeout(parse_duration(&v, k)?, k, &v)?
+                }
                 "password" => {
                     return Err(ConfigError::new(
                         "password= in the query is not accepted (it would show in process lists and logs): put it in the URL's user part or in PGPASSWORD",
                     ))
                 }
-                _ => passed.push(pair),
+                _ if CONNECTION_PARAMETERS.contains(&k) => passed.push(pair),
+                _ => {
+                    return Err(ConfigError::new(format!(
+                        "{shown}: unknown parameter {k:?}: walsink takes {}; the connection takes {} (see docs/targets/postgres.md)",
+                        WALSINK_PARAMETERS.join(", "),
+                        CONNECTION_PARAMETERS.join(", ")
+                    )))
+                }
             }
         }
         let Some(table) = table else {
@@ -226,8 +307,15 @@ impl Config {
             conn.push_str(&passed.join("&"));
         }
         let mut pg = tokio_postgres::Config::from_str(&conn).map_err(|e| {
+            // tokio-postgres says what is wrong (the option, the host) in the error's source.
+            let mut why = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                why.push_str(&format!(": {s}"));
+                source = s.source();
+            }
             ConfigError::new(format!(
-                "{}: not a PostgreSQL connection URL: {e}",
+                "{}: not a PostgreSQL connection URL: {why}",
                 redact(&conn)
             ))
         })?;
@@ -244,6 +332,8 @@ impl Config {
         c.mode = mode;
         c.create = create;
         c.prepared_warn_after = warn_after;
+        c.lock_timeout = lock_timeout;
+        c.idle_in_transaction_timeout = idle_timeout;
         if let Some(m) = marker_table {
             c.marker_table = m;
         }
@@ -272,6 +362,11 @@ impl fmt::Debug for Config {
             .field("mode", &self.mode)
             .field("create", &self.create)
             .field("prepared_warn_after", &self.prepared_warn_after)
+            .field("lock_timeout", &self.lock_timeout)
+            .field(
+                "idle_in_transaction_timeout",
+                &self.idle_in_transaction_timeout,
+            )
             .finish()
     }
 }
@@ -283,7 +378,7 @@ mod tests {
     #[test]
     fn a_url_parses_with_its_parameters() {
         let c = Config::from_url(
-            "postgres://alice:s3cret@db.local:6543/app?table=events&mode=2pc&marker_table=ops.marks&create=false&prepared_warn_after=90s&connect_timeout=5",
+            "postgres://alice:s3cret@db.local:6543/app?table=events&mode=2pc&marker_table=ops.marks&create=false&prepared_warn_after=90s&lock_timeout=250ms&idle_in_transaction_timeout=0s&connect_timeout=5",
         )
         .unwrap();
         assert_eq!(c.table.plain(), "events");
@@ -291,6 +386,8 @@ mod tests {
         assert_eq!(c.marker_table.name().plain(), "ops.marks");
         assert!(!c.create);
         assert_eq!(c.prepared_warn_after, Duration::from_secs(90));
+        assert_eq!(c.lock_timeout, Duration::from_millis(250));
+        assert_eq!(c.idle_in_transaction_timeout, Duration::ZERO);
         assert_eq!(c.pg.get_user(), Some("alice"));
         assert_eq!(c.pg.get_password(), Some(&b"s3cret"[..]));
         assert_eq!(c.pg.get_ports(), &[6543]);
@@ -299,6 +396,11 @@ mod tests {
         let m = Config::from_url("postgresql://u@h/d?table=t").unwrap();
         assert_eq!(m.mode, Mode::Marker);
         assert_eq!(m.marker_table.name().plain(), "walsink_markers");
+        assert_eq!(m.lock_timeout, DEFAULT_LOCK_TIMEOUT);
+        assert_eq!(
+            m.idle_in_transaction_timeout,
+            DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT
+        );
     }
 
     #[test]
@@ -336,6 +438,35 @@ mod tests {
         );
         assert!(e("postgres://u@h/d?table=a.b.c").contains("table="));
         assert!(e("postgres://u@h/d?table=t&marker_table=-").contains("marker_table="));
+        assert!(e("postgres://u@h/d?table=t&lock_timeout=5").contains("lock_timeout="));
+        assert!(e("postgres://u@h/d?table=t&lock_timeout=30d").contains("lock_timeout="));
+        assert!(
+            e("postgres://u@h/d?table=t&idle_in_transaction_timeout=1000h")
+                .contains("idle_in_transaction_timeout=\"1000h\" is too long")
+        );
+    }
+
+    #[test]
+    fn an_unknown_parameter_is_named_with_the_accepted_ones() {
+        let e = Config::from_url("postgres://u:s3cret@h/d?table=t&lock_timeot=5s")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown parameter \"lock_timeot\""), "{e}");
+        for accepted in [
+            "table",
+            "mode",
+            "marker_table",
+            "lock_timeout",
+            "connect_timeout",
+        ] {
+            assert!(e.contains(accepted), "{accepted} is listed: {e}");
+        }
+        assert!(!e.contains("s3cret"), "{e}");
+        // A value the connection library refuses: its option is named.
+        let e = Config::from_url("postgres://u@h/d?table=t&sslmode=sometimes")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid value for option `sslmode`"), "{e}");
     }
 
     #[test]

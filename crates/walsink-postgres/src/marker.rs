@@ -61,6 +61,16 @@ fn to_i64(v: u64, what: &str) -> i64 {
     i64::try_from(v).unwrap_or_else(|_| panic!("{what} {v} does not fit PostgreSQL's bigint"))
 }
 
+/// Whether `e` is what `CREATE TABLE IF NOT EXISTS` says to the loser of two sessions
+/// creating the same table at once: IF NOT EXISTS sees only committed tables, so the second
+/// fails on the catalog's unique index (23505 on `pg_type_typname_nsp_index` or
+/// `pg_class_relname_nsp_index`), or finds the relation (42P07) or its row type (42710)
+/// already there. The caller looks again before taking the table as created.
+pub(crate) fn is_creation_race(e: &Error) -> bool {
+    e.code()
+        .is_some_and(|s| matches!(s.code(), "23505" | "42P07" | "42710"))
+}
+
 impl MarkerTable {
     /// The marker table `table`.
     pub fn new(table: TableName) -> Self {
@@ -72,8 +82,9 @@ impl MarkerTable {
         &self.table
     }
 
-    /// Creates the table if it is missing (idempotent; concurrent creators are fine: a
-    /// duplicate-type race is reported by the server as 23505/42P07 and ignored).
+    /// Creates the table if it is missing (idempotent; concurrent creators are fine: the
+    /// loser of the race is told 23505, 42P07 or 42710 by the server, looks again and finds
+    /// the table).
     ///
     /// # Cancel safety
     /// If dropped, the statement may or may not have run; it is idempotent, so call it again.
@@ -92,12 +103,21 @@ impl MarkerTable {
         match c.batch_execute(&sql).await {
             Ok(()) => Ok(()),
             // Two sessions creating the table at once: the loser sees the type or the table
-            // already there; the table exists either way.
-            Err(e)
-                if e.code()
-                    .is_some_and(|s| s.code() == "23505" || s.code() == "42P07") =>
-            {
-                Ok(())
+            // already there. Look again, so another conflict (a type of that name) is not
+            // taken for the table.
+            Err(e) if is_creation_race(&e) => {
+                let there = c
+                    .query_one(
+                        "SELECT to_regclass($1) IS NOT NULL",
+                        &[&self.table.to_string()],
+                    )
+                    .await
+                    .is_ok_and(|row| row.get::<_, bool>(0));
+                if there {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
             }
             Err(e) => Err(e),
         }

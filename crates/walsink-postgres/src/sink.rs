@@ -4,7 +4,7 @@ use crate::config::{Config, Mode};
 use crate::error::{sink_error, Class};
 use crate::failpoint;
 use crate::mapping::{self, RawRows, RowMapping};
-use crate::marker::Marker;
+use crate::marker::{is_creation_race, Marker};
 use crate::table::quote_literal;
 use bytes::{Bytes, BytesMut};
 use futures_util::SinkExt;
@@ -118,6 +118,9 @@ impl std::fmt::Debug for PgSink {
 enum Outcome {
     Written,
     AlreadyThere,
+    /// The marker write waited `lock_timeout` behind another transaction holding the epoch's
+    /// marker and gave up; the transaction was rolled back. The error says so (retryable).
+    MarkerLocked(SinkError),
 }
 
 impl PgSink {
@@ -190,9 +193,21 @@ impl PgSink {
                     .await
                     .map_err(|e| sink_error("look up the target table", e))?
                 {
-                    client.batch_execute(&ddl).await.map_err(|e| {
-                        sink_error(&format!("create the table {}", table.plain()), e)
-                    })?;
+                    match client.batch_execute(&ddl).await {
+                        Ok(()) => {}
+                        // Another session created it at the same moment (two sinks starting
+                        // together): IF NOT EXISTS does not cover a creation still under way,
+                        // so the loser fails on the catalog's unique index. Look again.
+                        Err(e)
+                            if is_creation_race(&e)
+                                && exists(table.to_string()).await.unwrap_or(false) => {}
+                        Err(e) => {
+                            return Err(sink_error(
+                                &format!("create the table {}", table.plain()),
+                                e,
+                            ))
+                        }
+                    }
                 }
             }
         }
@@ -215,7 +230,9 @@ impl PgSink {
         Ok(())
     }
 
-    /// A connection without any set-up (its task runs on the current runtime).
+    /// A connection without any set-up of the tables (its task runs on the current
+    /// runtime), with the session's `lock_timeout` and `idle_in_transaction_session_timeout`
+    /// set from the configuration.
     async fn plain_connect(&self) -> Result<tokio_postgres::Client, SinkError> {
         let shown = self.config.to_string();
         let (client, connection) = self
@@ -229,6 +246,21 @@ impl PgSink {
                 tracing::debug!(error = %e, "PostgreSQL connection ended");
             }
         });
+        // Bounds on waiting behind, and on being, a transaction whose client is gone (see
+        // docs/targets/postgres.md, "Transactions of a connection that is gone").
+        client
+            .batch_execute(&format!(
+                "SET lock_timeout = {}; SET idle_in_transaction_session_timeout = {}",
+                self.config.lock_timeout.as_millis(),
+                self.config.idle_in_transaction_timeout.as_millis()
+            ))
+            .await
+            .map_err(|e| {
+                sink_error(
+                    "set lock_timeout and idle_in_transaction_session_timeout",
+                    e,
+                )
+            })?;
         Ok(client)
     }
 
@@ -421,21 +453,43 @@ impl PgSink {
         let mapping = self.mapping.clone();
         let cap = self.config.copy_buffer.max(4096);
         let table = self.config.table.plain();
+        let lock_timeout = self.config.lock_timeout;
         let c = self.client().await?;
         let client = &c.client;
         client
             .batch_execute("BEGIN")
             .await
             .map_err(|e| sink_error("BEGIN", e))?;
-        let fresh = marker
+        let fresh = match marker
             .write(client, &key, epoch.metadata(), epoch.len())
             .await
-            .map_err(|e| {
-                sink_error(
+        {
+            Ok(fresh) => fresh,
+            Err(e) if e.code().is_some_and(|s| s.code() == "55P03") => {
+                // Another transaction holds this epoch's marker: an earlier connection of this
+                // sink whose COMMIT or PREPARE TRANSACTION is still on its way (or that
+                // prepared since we looked), or a second writer. Waiting on could be for ever
+                // (a prepared transaction is never resolved but by us), so give up here.
+                let what = format!(
+                    "write the marker of checkpoint {} into {} (waited lock_timeout={:?} behind another transaction holding it: an earlier connection of sink {:?} whose COMMIT or PREPARE TRANSACTION is still on its way, or a second writer under the same sink id; retried)",
+                    key.checkpoint,
+                    marker.name().plain(),
+                    lock_timeout,
+                    key.sink_id,
+                );
+                client
+                    .batch_execute("ROLLBACK")
+                    .await
+                    .map_err(|e| sink_error("ROLLBACK", e))?;
+                return Ok(Outcome::MarkerLocked(sink_error(&what, e)));
+            }
+            Err(e) => {
+                return Err(sink_error(
                     &format!("write the marker into {}", marker.name().plain()),
                     e,
-                )
-            })?;
+                ))
+            }
+        };
         if !fresh {
             client
                 .batch_execute("ROLLBACK")
@@ -553,6 +607,17 @@ impl PgSink {
 impl AsyncSink for PgSink {
     /// Delivers one epoch in one transaction (see [`PgSink`]).
     ///
+    /// No statement waits longer than `lock_timeout` for a lock. When the epoch's marker is
+    /// held by another transaction that long (an earlier connection of this sink whose COMMIT
+    /// or PREPARE TRANSACTION is still on its way, or a second writer), the delivery rolls
+    /// back; in two-phase mode it then looks at the prepared transactions again and commits
+    /// the one holding this very epoch (success, nothing written again).
+    ///
+    /// # Errors
+    /// A retryable [`SinkError`] when the marker stayed locked (the next attempt looks
+    /// again), and the classified server error of any statement that failed (see
+    /// [`classify_sqlstate`](crate::classify_sqlstate)).
+    ///
     /// # Cancel safety
     /// Dropped half-way, the transaction is left open on a connection that the next call
     /// replaces, so the server rolls it back; a prepared transaction left behind is
@@ -561,15 +626,27 @@ impl AsyncSink for PgSink {
         // A connection that was in the middle of something (a cancelled call) is replaced.
         self.conn = self.conn.take().filter(|c| !c.client.is_closed());
         let fp = fingerprint(epoch);
+        let two_phase = self.config.mode == Mode::TwoPhase;
         let r = async {
-            if self.config.mode == Mode::TwoPhase && self.resolve_prepared(epoch.key(), fp).await? {
+            if two_phase && self.resolve_prepared(epoch.key(), fp).await? {
                 return Ok(Outcome::AlreadyThere);
             }
-            self.write_epoch(epoch, fp).await
+            match self.write_epoch(epoch, fp).await? {
+                // The transaction in the way may have prepared meanwhile (a late PREPARE of an
+                // earlier connection): look again, and commit it if it holds this epoch.
+                Outcome::MarkerLocked(e) => {
+                    if two_phase && self.resolve_prepared(epoch.key(), fp).await? {
+                        return Ok(Outcome::AlreadyThere);
+                    }
+                    Err(e)
+                }
+                o => Ok(o),
+            }
         }
         .await;
         match r {
             Ok(Outcome::Written) => Ok(()),
+            Ok(Outcome::MarkerLocked(e)) => Err(e),
             Ok(Outcome::AlreadyThere) => {
                 tracing::info!(
                     checkpoint = epoch.checkpoint(),

@@ -1,9 +1,12 @@
 //! Against a private PostgreSQL cluster (feature `testkit`): the helper itself, two-phase
 //! commit (the shared server has max_prepared_transactions = 0), prepared transactions left
-//! by a crash, voided by a restore or forgotten, permission denied, and a server restart.
+//! by a crash, voided by a restore or forgotten, permission denied, a server restart, and a
+//! delivery killed while its PREPARE or COMMIT is still on a slow or cut link (the restarted
+//! sink must not wait for ever behind the old backend's transaction).
 
 mod common;
 
+use common::proxy::{Hold, Proxy};
 use common::*;
 use std::time::Duration;
 use walsink::{ErrorKind, Next, SinkErrorClass};
@@ -320,5 +323,138 @@ async fn a_server_restart_is_retried_and_nothing_is_lost_or_doubled() {
         assert!(report.clean);
         assert_eq!(rows(&url, &h.table, &id, 0).await, want, "mode {mode:?}");
         assert!(prepared(&url).await.is_empty());
+    }
+}
+
+/// What the server's sessions are waiting for, for failure messages.
+async fn waits(url: &str) -> String {
+    client(url)
+        .await
+        .query(
+            "SELECT format('%s %s/%s: %s', pid, state, coalesce(wait_event, '-'), left(query, 80)) \
+             FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .map(|rows| {
+            rows.iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_else(|e| e.to_string())
+}
+
+/// The prepared transactions of `sink_id` (subtask 0).
+async fn prepared_of(url: &str, sink_id: &str) -> Vec<String> {
+    let prefix = walsink_postgres::gid_prefix(sink_id, 0);
+    prepared(url)
+        .await
+        .into_iter()
+        .filter(|g| g.starts_with(&prefix))
+        .collect()
+}
+
+/// Delivers checkpoint 1 of a fresh log through `proxy` (which cuts the client when the
+/// delivery's PREPARE or COMMIT goes out: the first run is killed there), then runs a second
+/// sink on the same log directly against the server (the restarted run) and checks, within a
+/// bound, that the epoch lands exactly once and no prepared transaction is left.
+async fn killed_then_restarted(url: &str, extra: &str, proxy: &Proxy) {
+    let h = Pg::new(url, extra);
+    PgSink::new(h.config()).connect().await.unwrap();
+    let id = unique("killed");
+    let log = open(&id);
+    let want = epoch(&log.wal, 1, 0..200);
+    let via = Config::from_url(&format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?table={}{extra}",
+        proxy.port(),
+        h.table
+    ))
+    .unwrap();
+    let mut first = PgSink::new(via);
+    let r = tokio::time::timeout(Duration::from_secs(30), deliver_ready(&log.wal, &mut first))
+        .await
+        .expect("the first run ends when its connection is cut");
+    assert!(r.is_err(), "the first run was cut: {r:?}");
+    assert!(
+        proxy.wait_held(Duration::ZERO).await,
+        "the statement is held"
+    );
+    drop(first);
+    let committer = spawn_committer(&log.wal, PgSink::new(h.config())).unwrap();
+    let done = wait_committed(&log.wal, 1, 60).await;
+    let stuck = if done {
+        String::new()
+    } else {
+        waits(url).await
+    };
+    let report = committer.shutdown(Duration::from_secs(5)).await;
+    assert!(
+        done,
+        "{extra:?}: the restarted run did not deliver within 60 s: {:?}\n{stuck}",
+        log.wal.health()
+    );
+    assert!(report.clean, "{report:?}");
+    assert_eq!(rows(url, &h.table, &id, 0).await, want, "{extra:?}: once");
+    let markers = MarkerTable::default()
+        .committed(&client(url).await, &id, 0)
+        .await
+        .unwrap();
+    assert_eq!(markers.len(), 1, "{markers:?}");
+    assert_eq!(
+        prepared_of(url, &id).await,
+        Vec::<String>::new(),
+        "{extra:?}"
+    );
+}
+
+/// The first run is killed while its PREPARE TRANSACTION (2pc) or COMMIT (marker mode) is
+/// held 7 s on a slow link; the restarted run starts meanwhile, finds nothing prepared and
+/// writes its marker, behind the old backend's transaction, which then prepares (or commits).
+/// The restarted run must not wait for ever: its marker write gives up at `lock_timeout`,
+/// it looks at the prepared transactions again and commits the late one (2pc), or finds the
+/// marker committed (marker mode). Each record once, nothing left prepared.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and the PostgreSQL binaries"
+)]
+async fn a_late_prepare_of_a_killed_run_is_settled_by_the_restarted_run() {
+    let pg = cluster();
+    let url = pg.url("postgres");
+    for (extra, pattern) in [
+        ("&mode=2pc", &b"PREPARE TRANSACTION"[..]),
+        ("", &b"COMMIT\0"[..]),
+    ] {
+        let proxy = Proxy::start(pg.port(), pattern, Hold::For(Duration::from_secs(7))).await;
+        killed_then_restarted(&url, extra, &proxy).await;
+    }
+}
+
+/// The first run's link is cut while its PREPARE TRANSACTION (2pc) or COMMIT (marker mode)
+/// is on the way, and the server never sees the connection close: its backend sits idle in
+/// the transaction, holding the epoch's marker. `idle_in_transaction_timeout` makes the
+/// server end it, so the restarted run (retrying at `lock_timeout` meanwhile) writes the
+/// epoch: each record once, nothing prepared.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and the PostgreSQL binaries"
+)]
+async fn a_transaction_of_a_vanished_client_is_ended_by_the_idle_timeout() {
+    let pg = cluster();
+    let url = pg.url("postgres");
+    for (extra, pattern) in [
+        (
+            "&mode=2pc&lock_timeout=1s&idle_in_transaction_timeout=2s",
+            &b"PREPARE TRANSACTION"[..],
+        ),
+        (
+            "&lock_timeout=1s&idle_in_transaction_timeout=2s",
+            &b"COMMIT\0"[..],
+        ),
+    ] {
+        let proxy = Proxy::start(pg.port(), pattern, Hold::Forever).await;
+        killed_then_restarted(&url, extra, &proxy).await;
     }
 }

@@ -1,6 +1,7 @@
 //! Against the shared PostgreSQL server: the conformance suite in marker mode, a backend
-//! terminated mid-epoch, permanent errors that skip nothing, and two-phase mode refused by a
-//! server without prepared transactions.
+//! terminated mid-epoch, permanent errors that skip nothing, two-phase mode refused by a
+//! server without prepared transactions, and sinks starting at once into tables that do not
+//! exist yet.
 
 mod common;
 
@@ -311,6 +312,81 @@ async fn a_delivery_cut_during_its_commit_is_found_committed_by_the_next() {
             "DROP TABLE {markers}; DROP FUNCTION {markers}_slow(); DROP TABLE {}",
             pg.table
         ))
+        .await
+        .unwrap();
+}
+
+/// Sinks starting at once into a target table and a marker table that do not exist yet (two
+/// pipes started together): every one connects, none fails on the creation race (23505 on
+/// pg_type or 42P07 from `CREATE TABLE IF NOT EXISTS`), and each delivers its epoch.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn sinks_creating_the_same_new_tables_at_once_all_start() {
+    const TRIES: usize = 40;
+    const SINKS: usize = 6;
+    let admin = client(SHARED).await;
+    let mut failed = Vec::new();
+    for _ in 0..TRIES {
+        let table = unique("race");
+        let marker = unique("race_mk");
+        let url = format!("{SHARED}?table={table}&marker_table={marker}");
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(SINKS));
+        let tasks: Vec<_> = (0..SINKS)
+            .map(|_| {
+                let (url, start) = (url.clone(), start.clone());
+                tokio::spawn(async move {
+                    let mut sink = PgSink::new(Config::from_url(&url).unwrap());
+                    start.wait().await;
+                    sink.connect().await
+                })
+            })
+            .collect();
+        for t in tasks {
+            if let Err(e) = t.await.unwrap() {
+                failed.push(e.to_string());
+            }
+        }
+        admin
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS \"{table}\"; DROP TABLE IF EXISTS \"{marker}\""
+            ))
+            .await
+            .unwrap();
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} starts failed: {:#?}",
+        failed.len(),
+        TRIES * SINKS,
+        failed
+    );
+    // And a delivery through sinks that raced to create the tables lands once each.
+    let table = unique("race");
+    let url = format!("{SHARED}?table={table}");
+    let ids: Vec<String> = (0..SINKS).map(|i| unique(&format!("race{i}"))).collect();
+    let tasks: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let (url, id) = (url.clone(), id.clone());
+            tokio::spawn(async move {
+                let log = open(&id);
+                let want = epoch(&log.wal, 1, 0..20);
+                let mut sink = PgSink::new(Config::from_url(&url).unwrap());
+                let n = deliver_ready(&log.wal, &mut sink).await;
+                (want, n.map_err(|e| e.to_string()))
+            })
+        })
+        .collect();
+    for (id, t) in ids.iter().zip(tasks) {
+        let (want, n) = t.await.unwrap();
+        assert_eq!(n, Ok(1), "{id}");
+        assert_eq!(rows(SHARED, &format!("\"{table}\""), id, 0).await, want);
+    }
+    admin
+        .batch_execute(&format!("DROP TABLE \"{table}\""))
         .await
         .unwrap();
 }

@@ -1,6 +1,8 @@
 //! Helpers for the server tests: unique names, a raw client, the conformance harness.
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod proxy;
+
 use std::sync::Arc;
 use std::time::Duration;
 use walsink::{MemoryCommitStore, Options, RetryPolicy, WalSink};

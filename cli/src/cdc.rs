@@ -131,6 +131,15 @@ impl Target for CdcTarget {
     }
 }
 
+/// The `--sink` of a `cdc` log as a [`Target`], for `walsink inspect --sink`.
+pub(crate) fn target(spec: &str) -> CliResult<Box<dyn Target>> {
+    let config = Config::from_url(spec).map_err(|e| format!("--sink: {e}"))?;
+    Ok(Box::new(CdcTarget {
+        config,
+        rt: runtime()?,
+    }))
+}
+
 fn check_event(line: &[u8]) -> Result<(), String> {
     walsink_cdc::event::parse(line, &walsink_cdc::PositionField::default())
         .map(|_| ())

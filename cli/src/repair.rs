@@ -9,7 +9,9 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use walsink::storage::{FsStorage, Storage};
-use walsink::{CommitStore, ErrorKind, LocalCommitStore, Options, RecoveryMode, WalSink};
+use walsink::{
+    CommitStore, ErrorKind, LocalCommitStore, Options, RecoveryMode, VerifyReport, WalSink,
+};
 
 /// Sets a damaged `COMMITTED` file aside and writes a new one with the highest mark the log
 /// proves, or the one given. Returns the file's new name and the mark.
@@ -43,6 +45,40 @@ fn rebuild_commit_store(
         LocalCommitStore::new(st.clone(), sink_id, subtask).mark_committed(sink_id, subtask, m)?;
     }
     Ok((aside, mark))
+}
+
+/// The options a repair reopens the log with: the log's own segment size (each segment is
+/// preallocated to the size it was written with, so the largest one's length), so that the
+/// segment a repair starts matches the others; the record and metadata limits shrink to fit
+/// a small segment (they bound appends only, never what is read back).
+fn reopen_options(sink_id: &str, subtask: u32, r: &VerifyReport) -> Options {
+    use walsink::format::{
+        frame_size, BARRIER_FIXED_LEN, FRAME_ALIGN, FRAME_HEADER_LEN, SEGMENT_END_RESERVE,
+        SEGMENT_HEADER_LEN,
+    };
+    let opts = Options::new(sink_id).subtask(subtask).create(false);
+    let Some(size) = r.segments.iter().map(|(_, len)| *len).max() else {
+        return opts;
+    };
+    let room = usize::try_from(size)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(SEGMENT_HEADER_LEN + SEGMENT_END_RESERVE);
+    let payload = (room / FRAME_ALIGN * FRAME_ALIGN).saturating_sub(FRAME_HEADER_LEN);
+    debug_assert!(payload == 0 || frame_size(payload) <= room);
+    let fitted = opts
+        .clone()
+        .segment_size(size)
+        .max_record_size(opts.max_record_size.min(payload))
+        .max_metadata_size(
+            opts.max_metadata_size
+                .min(payload.saturating_sub(BARRIER_FIXED_LEN)),
+        );
+    // A length no log of this format can have (a segment cut short by hand): the default.
+    if fitted.sanitize().is_ok() {
+        fitted
+    } else {
+        opts
+    }
 }
 
 /// `walsink repair`.
@@ -96,7 +132,7 @@ pub fn repair(dir: &Path, force: bool, committed: Option<u64>, json: bool) -> Cl
         )?;
         doc["changed"] = json!(true);
     }
-    let opts = Options::new(&sink_id).subtask(subtask).create(false);
+    let opts = reopen_options(&sink_id, subtask, &r);
     let report = match WalSink::open(dir, opts.clone()) {
         Ok((_, report)) => report,
         Err(e) if matches!(e.kind(), ErrorKind::Corruption(_)) && !force => {

@@ -29,6 +29,12 @@ pub(crate) trait Target {
     /// keeps no marker (its exactly-once rests on idempotency keys).
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>>;
 
+    /// Whether the target keeps only its newest commit marker, so that
+    /// [`Target::committed`] returns at most one epoch however many it holds.
+    fn keeps_newest_marker_only(&self) -> bool {
+        false
+    }
+
     /// Lines about the target's own state for `walsink inspect --sink` (for example
     /// transactions it holds prepared); none by default.
     fn status(&self, sink_id: &str, subtask: u32) -> CliResult<Vec<String>> {

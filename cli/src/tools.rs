@@ -20,6 +20,9 @@ use walsink::{Problem, VerifyReport};
 
 /// Opens `dir` for a read-only tool, refusing what is not a log (exit 2).
 pub(crate) fn storage(dir: &Path) -> CliResult<FsStorage> {
+    if !dir.exists() {
+        return Err(format!("{} does not exist", dir.display()).into());
+    }
     if !dir.is_dir() {
         return Err(format!("{} is not a directory", dir.display()).into());
     }
@@ -141,7 +144,9 @@ pub fn verify(dir: &Path, json: bool, quiet: bool) -> CliResult<ExitCode> {
 struct TargetView {
     shown: String,
     committed: Option<u64>,
-    epochs: usize,
+    /// How many epochs the target holds markers for; `None` for a target that keeps only
+    /// its newest marker (a count would say 1 however many it holds).
+    epochs: Option<usize>,
     status: Vec<String>,
 }
 
@@ -150,7 +155,16 @@ fn target_view(spec: &str, identity: Option<&(String, u32)>) -> CliResult<Target
     let Some((sink_id, subtask)) = identity else {
         return Err("--sink: the log's identity file is damaged, so its sink id is unknown".into());
     };
-    let (shown, held, status) = match parse_sink(spec)? {
+    let parsed = match parse_sink(spec) {
+        Ok(parsed) => parsed,
+        // A `walsink cdc` log's target: a PostgreSQL URL without `table=`.
+        Err(e) => match cdc_target(spec) {
+            Some(t) => SinkSpec::Target(t),
+            None => return Err(e),
+        },
+    };
+    let mut newest_only = false;
+    let (shown, held, status) = match parsed {
         SinkSpec::Dir(out) => {
             let held = walsink::DirSink::committed(&out, sink_id, *subtask).map_err(|e| {
                 format!("cannot read the sink directory {}: {e}", out.display())
@@ -168,15 +182,27 @@ fn target_view(spec: &str, identity: Option<&(String, u32)>) -> CliResult<Target
                 )
                 .into());
             };
+            newest_only = t.keeps_newest_marker_only();
             (t.shown(), held, t.status(sink_id, *subtask)?)
         }
     };
     Ok(TargetView {
         shown,
         committed: held.iter().map(|e| e.checkpoint).max(),
-        epochs: held.len(),
+        epochs: (!newest_only).then_some(held.len()),
         status,
     })
+}
+
+/// `spec` as the target of a `walsink cdc` log, when it is one this build can apply to.
+#[cfg(feature = "cdc")]
+fn cdc_target(spec: &str) -> Option<Box<dyn crate::targets::Target>> {
+    crate::cdc::target(spec).ok()
+}
+
+#[cfg(not(feature = "cdc"))]
+fn cdc_target(_spec: &str) -> Option<Box<dyn crate::targets::Target>> {
+    None
 }
 
 /// `walsink inspect`.
@@ -210,7 +236,8 @@ pub fn inspect(dir: &Path, json: bool, sink: Option<&str>) -> CliResult<ExitCode
         });
         if let Some(t) = &target {
             v["target"] = json!({
-                "sink": t.shown, "committed": t.committed, "epochs": t.epochs, "status": t.status,
+                "sink": t.shown, "committed": t.committed, "epochs": t.epochs,
+                "newest_marker_only": t.epochs.is_none(), "status": t.status,
             });
         }
         outln!("{}", serde_json::to_string_pretty(&v)?);
@@ -229,10 +256,13 @@ pub fn inspect(dir: &Path, json: bool, sink: Option<&str>) -> CliResult<ExitCode
     if let Some(t) = &target {
         writeln!(
             out,
-            "target {}: committed through {} ({} held){}",
+            "target {}: committed through {} ({}){}",
             t.shown,
             t.committed.map_or("-".into(), |c| c.to_string()),
-            plural(t.epochs as u64, "epoch"),
+            match t.epochs {
+                Some(n) => format!("{} held", plural(n as u64, "epoch")),
+                None => "it keeps the newest marker only".to_string(),
+            },
             match (t.committed, r.committed) {
                 (Some(a), Some(b)) if a > b =>
                     " — ahead of the log's mark, which catches up on the next delivery",

@@ -281,3 +281,54 @@ fn kill_loop_from_a_replication_slot_ends_with_the_replica_equal_to_the_source()
         "{out}"
     );
 }
+
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+fn inspect_reads_a_cdc_logs_markers_from_its_target() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let schema = format!("cdc_insp_{}_{:x}", std::process::id(), fastrand::u32(..));
+    let (lines, _) = stream(3, 2_000);
+    let inp = d.path().join("events.jsonl");
+    std::fs::write(&inp, lines.join("\n") + "\n").unwrap();
+    rt.block_on(async {
+        client()
+            .await
+            .batch_execute(&format!(
+                "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v text, n int);"
+            ))
+            .await
+            .unwrap()
+    });
+    let wal = d.path().join("wal");
+    let sink = format!("{SHARED}?schema={schema}");
+    let o = walsink(&[
+        "cdc",
+        "--input",
+        s(&inp),
+        "--wal",
+        s(&wal),
+        "--sink",
+        &sink,
+        "--checkpoint-every",
+        "500",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = walsink(&["inspect", s(&wal), "--sink", &sink, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let epochs = lines.len().div_ceil(500);
+    assert_eq!(v["target"]["epochs"], epochs, "{v}");
+    assert_eq!(v["target"]["committed"], v["committed"], "{v}");
+    rt.block_on(async {
+        client()
+            .await
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap()
+    });
+}

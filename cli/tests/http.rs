@@ -178,3 +178,43 @@ fn kill_loop_into_http_with_faults() {
 fn kill_loop_into_http_with_gzip_and_chunks_in_flight_together() {
     kill_loop_case("max_records=60&gzip=true&concurrency=3", 32);
 }
+
+#[test]
+fn an_unreachable_receiver_ends_the_run_at_start_naming_it() {
+    let d = tempfile::tempdir().unwrap();
+    let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
+    write_lines(&inp, &lines("u", 0, 10));
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/ingest");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_walsink"))
+        .args(http_args(&inp, &wal, &url, &["--quiet"]))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("pipe into an unreachable receiver still runs after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("cannot reach") && err.contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
+}

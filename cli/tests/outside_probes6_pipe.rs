@@ -1016,6 +1016,15 @@ fn serve(c: TcpStream, st: Arc<Mutex<HttpState>>, seed: u64) {
             }
             head.push(l.trim_end().to_string());
         }
+        if head.first().is_some_and(|l| l.starts_with("HEAD ")) {
+            // The sink's start-up check: answered, not counted, no fault.
+            if w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                .is_err()
+            {
+                return;
+            }
+            continue;
+        }
         let mut len = 0usize;
         let (mut key, mut chunk_hdr, mut chunked) = (String::new(), String::new(), false);
         for h in &head[1..] {

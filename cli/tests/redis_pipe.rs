@@ -163,3 +163,39 @@ fn a_bad_redis_url_names_the_parameter() {
     assert!(e.contains("mode") && !e.contains("hunter2"), "{e}");
     assert!(!wal.exists());
 }
+
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local Redis"
+)]
+fn inspect_says_redis_keeps_its_newest_marker_only() {
+    let d = tempfile::tempdir().unwrap();
+    let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
+    write_lines(&inp, &lines("i", 0, 1000));
+    let key = format!("walsink-test:{}", unique("cli-inspect"));
+    let sink = format!("{REDIS}?key={key}");
+    let id = unique("i");
+    let args = pipe_args_to(
+        &inp,
+        &wal,
+        &sink,
+        &["--checkpoint-every", "100", "--sink-id", &id, "--quiet"],
+    );
+    let o = walsink(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = walsink(&["inspect", s(&wal), "--sink", &sink]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("committed through 9") && text.contains("newest marker only"),
+        "{text}"
+    );
+    assert!(!text.contains("1 epoch held"), "{text}");
+    let o = walsink(&["inspect", s(&wal), "--sink", &sink, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["target"]["committed"], 9, "{v}");
+    assert!(v["target"]["epochs"].is_null(), "{v}");
+    assert_eq!(v["target"]["newest_marker_only"], true, "{v}");
+    redis_cmd::<i64>(redis::cmd("DEL").arg(&key));
+}

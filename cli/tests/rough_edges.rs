@@ -440,3 +440,59 @@ fn tools_end_quietly_when_their_reader_goes_away() {
         );
     }
 }
+
+#[test]
+fn tools_say_when_a_path_does_not_exist() {
+    let d = tempfile::tempdir().unwrap();
+    let missing = d.path().join("no-such-log");
+    for cmd in ["inspect", "dump", "verify", "repair"] {
+        let o = walsink(&[cmd, s(&missing)]);
+        assert_eq!(o.status.code(), Some(2), "{cmd}");
+        let e = stderr(&o);
+        assert!(
+            e.contains("does not exist") && !e.contains("not a directory"),
+            "{cmd}: {e}"
+        );
+    }
+}
+
+#[test]
+fn repair_force_starts_its_segment_at_the_log_s_own_segment_size() {
+    let d = tempfile::tempdir().unwrap();
+    let wal = d.path().join("wal");
+    {
+        let opts = walsink::Options::new("small")
+            .segment_size(4096)
+            .max_record_size(512)
+            .max_metadata_size(256);
+        let (w, _) = walsink::WalSink::open(&wal, opts).unwrap();
+        for cp in 1..=6u64 {
+            for i in 0..20 {
+                w.append(format!("cp{cp} rec{i:03} {}", "x".repeat(60)).as_bytes())
+                    .unwrap();
+            }
+            w.checkpoint(cp, b"").unwrap();
+        }
+    }
+    let before = segments(&wal);
+    assert!(before.len() >= 3, "the log spans several segments");
+    // Damage in the middle of the log: only `repair --force` cuts it.
+    let seg = &before[1];
+    let mut b = fs::read(seg).unwrap();
+    let at = b.windows(3).position(|w| w == b"rec").unwrap();
+    b[at] ^= 0x20;
+    fs::write(seg, &b).unwrap();
+    let o = walsink(&["repair", s(&wal), "--force"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let after = segments(&wal);
+    assert!(!after.is_empty());
+    for p in &after {
+        let len = fs::metadata(p).unwrap().len();
+        assert!(
+            len <= 4096,
+            "{} is {len} bytes in a log of 4 KiB segments",
+            p.display()
+        );
+    }
+    assert_eq!(walsink(&["verify", s(&wal)]).status.code(), Some(0));
+}

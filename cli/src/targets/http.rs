@@ -29,7 +29,10 @@ impl Target for Http {
     fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
         let sink =
             HttpSink::new(self.cfg.clone()).map_err(|e| format!("--sink {}: {e}", self.shown()))?;
-        Ok(Box::new(BlockingSink::new(sink)?))
+        let mut sink = BlockingSink::new(sink)?;
+        super::retry_at_start(|| sink.block_on(async |s| s.connect().await))
+            .map_err(|e| format!("cannot reach {}: {e}", self.shown()))?;
+        Ok(Box::new(sink))
     }
 
     fn committed(&self, _sink_id: &str, _subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {

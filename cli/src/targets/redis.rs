@@ -36,6 +36,10 @@ impl Target for RedisTarget {
         Ok(Box::new(sink))
     }
 
+    fn keeps_newest_marker_only(&self) -> bool {
+        true
+    }
+
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
         let mut sink = self.sink()?;
         let newest =

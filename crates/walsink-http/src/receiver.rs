@@ -303,6 +303,10 @@ async fn handle(
     st: Arc<State>,
     kill: Arc<Notify>,
 ) -> Result<Out, Infallible> {
+    // The sink's start-up check (`HttpSink::connect`): answered, not counted, no fault.
+    if req.method() == hyper::Method::HEAD {
+        return Ok(answer(200, ""));
+    }
     let header = |name: &str| {
         req.headers()
             .get(name)

@@ -179,6 +179,35 @@ impl HttpSink {
         &self.shared.cfg
     }
 
+    /// Checks that the receiver answers, so that a wrong address, a closed port or a TLS
+    /// certificate the sink does not trust shows before the first epoch: one `HEAD` request
+    /// to the endpoint with the sink's headers. Any HTTP answer, whatever its status, counts
+    /// as reachable (a receiver may take only `POST`); nothing is delivered.
+    ///
+    /// # Errors
+    /// A retryable [`SinkError`] when the receiver cannot be reached or does not answer
+    /// within the timeout, naming the endpoint (without its password) and the reason.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only asks.
+    pub async fn connect(&self) -> Result<(), SinkError> {
+        let shared = &self.shared;
+        let sent = self
+            .client
+            .head(shared.cfg.endpoint.clone())
+            .headers(shared.headers.clone())
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            Err(e) => Err(SinkError::retryable(format!(
+                "HEAD {}: {}",
+                shared.shown,
+                request_error(&e, shared.cfg.timeout)
+            ))),
+        }
+    }
+
     /// Sends every chunk of `epoch` not yet acknowledged, at most `concurrency` at a time.
     async fn send_epoch(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
         let key = epoch.key().clone();

@@ -1,6 +1,8 @@
 //! Redis errors classified once, here, into retryable and permanent, keeping the server's
 //! error code in the message.
 
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
 use walsink::SinkError;
 
 /// Server error codes that pass without an operator: the server is loading, busy with a
@@ -24,6 +26,7 @@ fn advice(code: &str) -> &'static str {
         "WRONGTYPE" => "; the key holds another type: delete or rename it, or point the sink at another key",
         "NOAUTH" | "WRONGPASS" => "; check the user and password in the sink URL",
         "NOPERM" => "; grant the user WATCH, UNWATCH, MULTI, EXEC, EVAL, HGET, HSET, HDEL, EXISTS, TYPE and the mode's write and read commands (RPUSH and LINDEX, XADD and XREVRANGE, or HSET) on the keys",
+        "DENIED" => "; the server refuses clients from this address (protected mode): set a password on the server and in the sink URL, or change its bind and protected-mode settings",
         "MOVED" | "ASK" | "CROSSSLOT" => "; this is a cluster node that does not own the key's slot: connect to the node that does",
         "WALSINK_GAP" | "WALSINK_MARKER" => "; the marker was changed by another program or another log under this sink id",
         "WALSINK_NOT_WRITTEN" => "; a write of the transaction did not land (were the user's permissions changed?)",
@@ -66,6 +69,44 @@ pub(crate) fn classify_server(e: &redis::ServerError, what: &str) -> SinkError {
         advice(code)
     );
     if TRANSIENT.contains(&code) {
+        SinkError::retryable(msg)
+    } else {
+        SinkError::permanent(msg)
+    }
+}
+
+/// How long [`refusal`] waits for a server's first words at most.
+pub(crate) const REFUSAL_WAIT: Duration = Duration::from_millis(500);
+
+/// The error line a server writes unasked when it refuses a client and closes the connection
+/// (`DENIED Redis is running in protected mode …`, `ERR max number of clients reached`),
+/// without its leading `-`; `None` when it says nothing within `wait` (a server that accepts
+/// the client waits for a command) or cannot be reached.
+pub(crate) async fn refusal(host: &str, port: u16, wait: Duration) -> Option<String> {
+    let probe = async {
+        let mut s = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        let mut buf = [0u8; 512];
+        let n = s.read(&mut buf).await.ok()?;
+        let line = buf[..n].strip_prefix(b"-")?;
+        let end = line
+            .iter()
+            .position(|&b| b == b'\r' || b == b'\n')
+            .unwrap_or(line.len());
+        let line = String::from_utf8_lossy(&line[..end]).trim().to_string();
+        (!line.is_empty()).then_some(line)
+    };
+    tokio::time::timeout(wait, probe).await.ok().flatten()
+}
+
+/// Classifies a server's refusal line (see [`refusal`]): a full server (`maxclients`) and the
+/// transient codes are retryable, every other refusal (`DENIED`) is permanent.
+pub(crate) fn refused(line: &str, what: &str) -> SinkError {
+    let code = line.split_whitespace().next().unwrap_or("");
+    let msg = format!(
+        "{what}: the server refused the client: {line}{}",
+        advice(code)
+    );
+    if TRANSIENT.contains(&code) || line.contains("max number of clients") {
         SinkError::retryable(msg)
     } else {
         SinkError::permanent(msg)

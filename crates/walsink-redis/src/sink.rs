@@ -2,7 +2,7 @@
 //! records as native commands, the marker move, `EXEC`), exactly once.
 
 use crate::config::{Config, ConfigError, Mode};
-use crate::error::{classify, classify_server, coded};
+use crate::error::{classify, classify_server, coded, refusal, refused, REFUSAL_WAIT};
 use crate::script::{self, Marker};
 use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
@@ -247,24 +247,44 @@ impl RedisSink {
         let cfg = AsyncConnectionConfig::new()
             .set_connection_timeout(t)
             .set_response_timeout(t);
-        let mut c = self
+        let mut c = match self
             .client
             .get_multiplexed_async_connection_with_config(&cfg)
             .await
-            .map_err(|e| classify(&e, &self.shown("connect")))?;
-        let (_, id): ((), i64) = redis::pipe()
+        {
+            Ok(c) => c,
+            Err(e) => return Err(self.connect_failed(&e, "connect").await),
+        };
+        let setup = redis::pipe()
             .cmd("CLIENT")
             .arg("SETNAME")
             .arg("walsink")
             .cmd("CLIENT")
             .arg("ID")
             .query_async(&mut c)
-            .await
-            .map_err(|e| classify(&e, &self.shown("set up the connection")))?;
+            .await;
+        let (_, id): ((), i64) = match setup {
+            Ok(v) => v,
+            Err(e) => return Err(self.connect_failed(&e, "set up the connection").await),
+        };
         self.stats.connects += 1;
         self.client_id = Some(id);
         self.conn = Some(c.clone());
         Ok(c)
+    }
+
+    /// Classifies a failed connection set-up. A server that refuses a client writes one
+    /// error line and closes the connection (`-DENIED` in protected mode, `-ERR max number
+    /// of clients reached`); the client library then reports only the broken pipe, so after
+    /// an I/O error the sink connects once more, briefly, to read the server's own words.
+    async fn connect_failed(&self, e: &redis::RedisError, what: &str) -> SinkError {
+        if e.is_io_error() || e.is_connection_dropped() {
+            let wait = self.config.timeout.min(REFUSAL_WAIT);
+            if let Some(line) = refusal(&self.config.host, self.config.port, wait).await {
+                return refused(&line, &self.shown(what)).with_source(e.clone());
+            }
+        }
+        classify(e, &self.shown(what))
     }
 
     fn shown(&self, what: &str) -> String {

@@ -259,3 +259,55 @@ fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A server that answers the connection with an error line and closes it, as Redis does in
+/// protected mode (`-DENIED …`) or past `maxclients` (`-ERR max number of clients reached`).
+/// Serves `n` connections, then stops.
+fn refusing_server(greeting: &'static str, n: usize) -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        for s in l.incoming().take(n) {
+            let Ok(mut s) = s else { continue };
+            let _ = s.write_all(greeting.as_bytes());
+            let _ = s.flush();
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_refuses_the_client_is_shown_in_its_own_words() {
+    let port = refusing_server(
+        "-DENIED Redis is running in protected mode because protected mode is enabled\r\n",
+        16,
+    );
+    let mut c = config(&sink_id("denied"), Mode::List);
+    c.port = port;
+    c.timeout = Duration::from_secs(2);
+    let mut s = RedisSink::new(c).unwrap();
+    let e = s.connect().await.unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("DENIED Redis is running in protected mode"),
+        "the server's words are lost: {text}"
+    );
+    assert_eq!(e.class(), SinkErrorClass::Permanent, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_at_maxclients_is_retryable_and_says_so() {
+    let port = refusing_server("-ERR max number of clients reached\r\n", 16);
+    let mut c = config(&sink_id("maxclients"), Mode::List);
+    c.port = port;
+    c.timeout = Duration::from_secs(2);
+    let mut s = RedisSink::new(c).unwrap();
+    let e = s.connect().await.unwrap_err();
+    assert!(
+        e.to_string().contains("max number of clients reached"),
+        "the server's words are lost: {e}"
+    );
+    assert_eq!(e.class(), SinkErrorClass::Retryable, "{e}");
+}

@@ -342,6 +342,11 @@ fn every_line_once_in_order_through_kills_and_rotations() {
         d.path().join("out"),
     );
     const GENERATIONS: usize = 7;
+    // FOLLOW_ROTATION_SEED=N runs other writes and kill delays.
+    let seed: u64 = std::env::var("FOLLOW_ROTATION_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x7a11);
     fs::write(&inp, b"").unwrap();
     let (dir, inp_w, out_w) = (d.path().to_path_buf(), inp.clone(), out.clone());
     // The writer: lines of each generation in bursts, some split across two writes; before
@@ -350,7 +355,7 @@ fn every_line_once_in_order_through_kills_and_rotations() {
     // leave the file between them unread). Rotations alternate rename+create and
     // copytruncate; after a rename it writes a few more lines through the old descriptor.
     let writer = std::thread::spawn(move || {
-        let mut rng = fastrand::Rng::with_seed(0x7a11);
+        let mut rng = fastrand::Rng::with_seed(seed);
         let mut f = appender(&inp_w);
         let mut want: Vec<Vec<u8>> = Vec::new();
         for generation in 0..GENERATIONS {
@@ -403,7 +408,7 @@ fn every_line_once_in_order_through_kills_and_rotations() {
     // alike. A kill whose newest checkpoint names another file than the one at the path
     // landed while a rotated file was being finished.
     let loud = ["--follow", "--checkpoint-interval", "50ms"];
-    let mut rng = fastrand::Rng::with_seed(0x51a7);
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x51a7);
     let (mut lo, mut hi) = (50u64, 700u64);
     let (mut kills, mut landed, mut productive, mut finishing) = (0u32, 0u32, 0u32, 0u32);
     while !writer.is_finished() || landed < 15 {
@@ -441,7 +446,7 @@ fn every_line_once_in_order_through_kills_and_rotations() {
     run.kill();
     let got = records(&out);
     eprintln!(
-        "{} lines in {GENERATIONS} generations, {kills} SIGKILLs ({landed} after the run resumed, {productive} after new records reached the target, {finishing} while a rotated file was being finished), delays {lo}..={hi} ms at the end",
+        "seed {seed}: {} lines in {GENERATIONS} generations, {kills} SIGKILLs ({landed} after the run resumed, {productive} after new records reached the target, {finishing} while a rotated file was being finished), delays {lo}..={hi} ms at the end",
         want.len()
     );
     assert_eq!(got.len(), want.len(), "records missing or duplicated");

@@ -11,7 +11,7 @@ use crate::deliver::{self, Limits, StdoutSink, Stop, Watch, Watched};
 use crate::pipe_args::{absolute, check_log_dir, is_log, parse_sink, PipeArgs, SinkSpec};
 use crate::progress::{self, plural};
 use crate::resume::{self, PipeMeta};
-use crate::source::{InputSpec, Next, Source, SourceMark};
+use crate::source::{InputSpec, Next, Saved, Source, SourceMark};
 use crate::{CliResult, Refused};
 use serde_json::json;
 use std::path::Path;
@@ -75,10 +75,11 @@ impl Run<'_> {
         let file = self.path.is_some();
         let at = self.waiting.clone().unwrap_or_else(|| self.source.mark());
         PipeMeta {
-            v: 2,
+            v: 3,
             log: self.log_id.clone(),
             source: if file { "file" } else { "stdin" }.into(),
             path: self.path.clone(),
+            file: at.file,
             offset: at.offset,
             hash: file.then(|| at.hash()),
             size: self.source.size(),
@@ -248,31 +249,17 @@ fn open_source(
                     .into());
                 }
             }
-            let offset = meta.map_or(0, |m| m.offset);
-            let len = std::fs::metadata(path)
-                .map_err(|e| format!("cannot read --input {shown}: {e}"))?
-                .len();
-            if offset > len {
-                return Err(Refused(format!(
-                    "--input {shown} has {len} bytes, but {at} consumed {offset}: it is not the input the log read (or it was truncated). Restore it, or use a new --wal and sink directory"
-                ))
-                .into());
-            }
-            let (src, prefix) = Source::open_file(path, offset)?;
-            if let Some(h) = meta.and_then(|m| m.hash.as_deref()) {
-                if h != prefix.hash {
-                    return Err(Refused(format!(
-                        "--input {shown} changed under the log: its first {offset} bytes are not the bytes that {at} consumed (fingerprint {} instead of {h}). The target holds records of the earlier content; restore that file, or use a new --wal and sink directory for the new one",
-                        prefix.hash
-                    ))
-                    .into());
-                }
-            }
-            let after = meta.is_some_and(|m| m.unterminated);
+            let saved = meta.map(|m| Saved {
+                file: m.file,
+                offset: m.offset,
+                hash: m.hash.as_deref(),
+                unterminated: m.unterminated,
+            });
+            let src = Source::resume_file(path, saved.as_ref(), args.follow, &at)?;
             let src = src
                 .follow(args.follow)
                 .ship_final_line(args.ship_final_line)
-                .after_unterminated(after);
+                .quiet(args.quiet);
             Ok((src, Some(shown)))
         }
     }
@@ -289,7 +276,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         return Err("--checkpoint-every must be at least 1".into());
     }
     walsink::validate_sink_id(&args.sink_id).map_err(|e| format!("--sink-id: {e}"))?;
-    let input = InputSpec::parse(&args.input)?;
+    let input = InputSpec::parse(&args.input, args.follow)?;
     if args.follow && input == InputSpec::Stdin {
         return Err("--follow needs an input file; standard input is read to its end".into());
     }

@@ -32,8 +32,9 @@ pub struct PipeArgs {
     /// Stable sink id stored in the log and in the target's file names.
     #[arg(long, default_value = "pipe")]
     pub sink_id: String,
-    /// Keep reading the input file as it grows, checkpointing whenever it has read all there
-    /// is; stop it with a signal (the next run resumes after the last checkpoint).
+    /// Keep reading the input file as it grows and across rotations (rename and create,
+    /// copytruncate: see the README), checkpointing whenever it has read all there is; stop it
+    /// with a signal (the next run resumes after the last checkpoint).
     #[arg(long)]
     pub follow: bool,
     /// The input file is complete: ship a last line that has no newline as a record. Without

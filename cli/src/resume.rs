@@ -1,13 +1,14 @@
 //! What `pipe` stores in each checkpoint's metadata, and where a run resumes.
 //!
 //! Every checkpoint's metadata is one JSON object ([`PipeMeta`]): a random id of the log,
-//! the input (path, bytes consumed, their fingerprint, lines) and whether the last record was
-//! a final line without a newline. The directory sink keeps each epoch's metadata beside its
+//! the input (path, the identity of the file being read, bytes consumed of it, their
+//! fingerprint, lines) and whether the last record was a final line without a newline. The directory sink keeps each epoch's metadata beside its
 //! file, so the target knows which log its commits came from and how far into the input
 //! they reach. A run resumes after whichever is further on, the log or the target, and
 //! refuses a target that holds another log's commits and an input that is not the one the
 //! log consumed.
 
+use crate::source::FileId;
 use serde::{Deserialize, Serialize};
 use walsink::sinks::CommittedEpoch;
 use walsink::RecoveryReport;
@@ -15,7 +16,7 @@ use walsink::RecoveryReport;
 /// The metadata of one `pipe` checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PipeMeta {
-    /// Layout of this record: 2 (1 was the bare text `input-offset=N`).
+    /// Layout of this record: 3 (2 had no `file`; 1 was the bare text `input-offset=N`).
     pub v: u32,
     /// Random id of the log, chosen for its first checkpoint and carried by every later one.
     pub log: String,
@@ -24,15 +25,20 @@ pub struct PipeMeta {
     /// Canonical path of the input file.
     #[serde(default)]
     pub path: Option<String>,
-    /// Input bytes consumed through this checkpoint.
+    /// Device and inode of the file being read (files, layout 3): the file at `path`, or
+    /// after a rotation the old file while it is being finished. `offset`, `hash`, `size` and
+    /// `lines` are of this file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<FileId>,
+    /// Input bytes consumed through this checkpoint (of the file being read).
     pub offset: u64,
-    /// xxh3-64 of the input's bytes `[0, offset)`, hex (files only).
+    /// xxh3-64 of the file's bytes `[0, offset)`, hex (files only).
     #[serde(default)]
     pub hash: Option<String>,
-    /// Size of the input file when the checkpoint was taken.
+    /// Size of the file being read when the checkpoint was taken.
     #[serde(default)]
     pub size: Option<u64>,
-    /// Input lines consumed through this checkpoint.
+    /// Lines consumed through this checkpoint (of the file being read).
     #[serde(default)]
     pub lines: Option<u64>,
     /// True when the last record was a final line shipped without a newline.
@@ -56,6 +62,7 @@ impl PipeMeta {
             log: String::new(),
             source: "file".into(),
             path: None,
+            file: None,
             offset,
             hash: None,
             size: None,
@@ -201,10 +208,11 @@ mod tests {
 
     fn meta(log: &str, offset: u64) -> PipeMeta {
         PipeMeta {
-            v: 2,
+            v: 3,
             log: log.into(),
             source: "file".into(),
             path: Some("/in".into()),
+            file: Some(FileId { dev: 1, ino: 2 }),
             offset,
             hash: Some("00".into()),
             size: Some(offset),
@@ -224,9 +232,16 @@ mod tests {
     #[test]
     fn metadata_round_trips_and_reads_the_old_layout() {
         let m = meta("ab", 7);
-        assert_eq!(PipeMeta::decode(&m.encode()), Some(m));
+        assert_eq!(PipeMeta::decode(&m.encode()), Some(m.clone()));
         assert_eq!(PipeMeta::decode(b"input-offset=42").unwrap().offset, 42);
         assert_eq!(PipeMeta::decode(b"garbage"), None);
+        // Layout 2, as the previous version wrote it: no file identity.
+        let v2 = br#"{"v":2,"log":"ab","source":"file","path":"/in","offset":7,"hash":"00","size":7,"lines":1,"unterminated":false}"#;
+        let m2 = PipeMeta::decode(v2).unwrap();
+        assert_eq!((m2.v, m2.file, m2.offset), (2, None, 7));
+        assert!(String::from_utf8(m.encode())
+            .unwrap()
+            .contains(r#""file":{"dev":1,"ino":2}"#));
     }
 
     #[test]

@@ -584,6 +584,11 @@ impl WalSink {
     /// next call retries the same epoch, and what succeeded before the error is marked first).
     /// Returns the number of epochs handled. Fails with `InvalidOperation` while a committer
     /// thread ([`WalSink::spawn_committer`]) runs.
+    ///
+    /// # Errors
+    /// The first sink, commit-store or read error; a panic in the sink comes back as a
+    /// permanent sink error ([`SinkError::from_panic`](crate::SinkError::from_panic)), counted
+    /// in [`Health::errors`] and shown in [`Health::last_error`] like any other.
     pub fn deliver_ready(&self, sink: &mut dyn Sink) -> Result<usize> {
         committer::deliver_ready(&self.shared, sink)
     }
@@ -591,7 +596,13 @@ impl WalSink {
     /// Starts a committer thread that delivers to `sink` until [`Committer::shutdown`]. Sink
     /// and commit-store errors are retried with exponential backoff and full jitter
     /// ([`Options::retry`](crate::Options::retry)); [`WalSink::health`] shows the last error
-    /// and the retry count.
+    /// and the retry count. A panic in the sink does not stop the thread: it becomes a
+    /// permanent sink error ([`SinkError::from_panic`](crate::SinkError::from_panic)), and the
+    /// epoch is retried at the longest backoff.
+    ///
+    /// # Errors
+    /// `InvalidOperation` while another deliverer runs; an I/O error if the thread cannot be
+    /// started.
     pub fn spawn_committer<S: Sink + 'static>(&self, sink: S) -> Result<Committer> {
         committer::spawn(&self.shared, sink)
     }

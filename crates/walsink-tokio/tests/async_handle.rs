@@ -1,7 +1,7 @@
 //! The async handle and the async committer on their own: durable appends from many tasks,
 //! dropped futures, shutdown with a deadline, large records through the blocking path,
-//! typed records that do not decode, evolving a postcard record type, and a sink that panics
-//! (caught, counted, shown and retried).
+//! typed records that do not decode, evolving a postcard record type, a sink that panics
+//! (caught, counted, shown and retried), and which threads a handle starts.
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -640,4 +640,58 @@ async fn a_panicking_sink_makes_async_deliver_ready_return_a_permanent_error() {
     sink.healed.store(true, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(wal.deliver_ready(&mut sink).await.unwrap(), 1);
     assert_eq!(*sink.got.lock(), vec![1]);
+}
+
+/// Threads of this process whose name (as the kernel keeps it, 15 bytes) is `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// Sink ids starting with `thrd` are used only here, so the I/O threads named
+/// `walsink-io-thrd` (the kernel keeps 15 bytes of `walsink-io-<sink id>`) are this test's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_io_thread_starts_only_with_the_first_durable_append_that_waits_for_the_disk() {
+    const NAME: &str = "walsink-io-thrd";
+    let dirs: Vec<_> = (0..17).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut handles = Vec::new();
+    for (i, dir) in dirs[..16].iter().enumerate() {
+        let (wal, _) = AsyncWal::open(dir.path(), Options::new(format!("thrd{i}")))
+            .await
+            .unwrap();
+        wal.append(b"r").await.unwrap();
+        wal.checkpoint(1, b"").await.unwrap();
+        handles.push(wal);
+    }
+    assert_eq!(
+        threads_named(NAME),
+        0,
+        "16 handles in checkpointed mode started I/O threads"
+    );
+    let (durable, _) = AsyncWal::open(
+        dirs[16].path(),
+        Options::new("thrd-durable").mode(Mode::Durable),
+    )
+    .await
+    .unwrap();
+    assert_eq!(threads_named(NAME), 0, "opening started the I/O thread");
+    let clone = durable.clone();
+    durable.append(b"d1").await.unwrap();
+    clone.append(b"d2").await.unwrap();
+    assert_eq!(
+        threads_named(NAME),
+        1,
+        "one I/O thread per log, shared by clones"
+    );
+    durable.shutdown().await;
+    assert_eq!(threads_named(NAME), 0, "shutdown stopped the I/O thread");
+    let e = clone.append(b"d3").await.unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::InvalidOperation { .. }),
+        "a clone refuses durable appends after shutdown: {e:?}"
+    );
+    assert_eq!(threads_named(NAME), 0, "shutdown is final");
 }

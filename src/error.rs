@@ -443,6 +443,23 @@ impl SinkError {
     pub fn class(&self) -> SinkErrorClass {
         self.class
     }
+
+    /// A sink that panicked, from the panic's payload (what `std::panic::catch_unwind`
+    /// returns): a permanent error carrying the panic's message. Every driver (the committer
+    /// thread, `deliver_ready`, the async committer) turns a panic in a sink's call into this
+    /// error, so it is counted and shown in [`Health`](crate::Health) and the epoch is retried
+    /// at the longest backoff like any permanent error, instead of the driver stopping.
+    pub fn from_panic(payload: &(dyn std::any::Any + Send)) -> Self {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_string());
+        SinkError::permanent(format!(
+            "the sink panicked: {message}; the epoch is retried at the longest backoff until \
+             the sink is fixed"
+        ))
+    }
 }
 
 /// A failure to read the epoch from the log, met while iterating it: retryable. The committer

@@ -1,8 +1,8 @@
 //! Delivery bookkeeping between the log, the commit store and the sink: what is known after a
 //! reopen, what a graceful shutdown or a retried `deliver_ready` may send again (nothing: only
 //! a crash may cause redelivery), what health shows after a recovered error, what may be freed
-//! while a restore is not yet durable, and what a commit store that forgets across restarts
-//! still lets the log recover.
+//! while a restore is not yet durable, what a commit store that forgets across restarts
+//! still lets the log recover, and that a panicking sink is caught, counted, shown and retried.
 
 mod common;
 use common::*;
@@ -587,4 +587,97 @@ impl Sink for KeepAll {
         self.got.lock().push((epoch.checkpoint(), read_all(epoch)));
         Ok(())
     }
+}
+
+/// Panics in `deliver` (or, as a marker sink, in `is_committed`) until `healed` is set.
+#[derive(Clone, Default)]
+struct PanicsUntilHealed {
+    healed: Arc<AtomicBool>,
+    in_is_committed: bool,
+    got: Arc<parking_lot::Mutex<Vec<u64>>>,
+}
+
+impl Sink for PanicsUntilHealed {
+    fn deliver(&mut self, epoch: &Epoch) -> std::result::Result<(), SinkError> {
+        if !self.in_is_committed && !self.healed.load(Ordering::SeqCst) {
+            panic!("sink bug at checkpoint {}", epoch.checkpoint());
+        }
+        self.got.lock().push(epoch.checkpoint());
+        Ok(())
+    }
+
+    fn stores_marker(&self) -> bool {
+        self.in_is_committed
+    }
+
+    fn is_committed(&mut self, key: &walsink::EpochKey) -> std::result::Result<bool, SinkError> {
+        if !self.healed.load(Ordering::SeqCst) {
+            panic!("marker lookup bug at checkpoint {}", key.checkpoint);
+        }
+        Ok(self.got.lock().contains(&key.checkpoint))
+    }
+}
+
+#[test]
+fn a_panicking_sink_is_counted_shown_and_retried_by_the_committer_thread() {
+    for in_is_committed in [false, true] {
+        let sim = SimStorage::new();
+        let wal = open_sim(&sim, opts("panics"));
+        seal(&wal, 1);
+        wal.checkpoint_complete(1).unwrap();
+        let sink = PanicsUntilHealed {
+            in_is_committed,
+            ..Default::default()
+        };
+        let c = wal.spawn_committer(sink.clone()).unwrap();
+        // Two errors: the panic was counted and the epoch tried again after it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let h = loop {
+            let h = wal.health();
+            if h.errors >= 2
+                && h.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("panicked"))
+            {
+                break h;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "in_is_committed={in_is_committed}: the panic was not shown: {h:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(h.last_error.unwrap().contains("bug at checkpoint 1"));
+        assert_eq!(h.committed, None);
+        sink.healed.store(true, Ordering::SeqCst);
+        assert!(wal.wait_committed(1, Duration::from_secs(20)));
+        c.shutdown();
+        assert_eq!(
+            *sink.got.lock(),
+            vec![1],
+            "in_is_committed={in_is_committed}"
+        );
+        assert_eq!(wal.health().last_error, None);
+    }
+}
+
+#[test]
+fn a_panicking_sink_makes_deliver_ready_return_a_permanent_error() {
+    let sim = SimStorage::new();
+    let wal = open_sim(&sim, opts("panics-ready"));
+    seal(&wal, 1);
+    wal.checkpoint_complete(1).unwrap();
+    let mut sink = PanicsUntilHealed::default();
+    let e = wal.deliver_ready(&mut sink).unwrap_err();
+    assert!(
+        matches!(e.kind(), walsink::ErrorKind::Sink(s) if s.class() == walsink::SinkErrorClass::Permanent),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("panicked"), "{e}");
+    let h = wal.health();
+    assert_eq!(h.errors, 1);
+    assert!(h.last_error.unwrap().contains("sink bug at checkpoint 1"));
+    sink.healed.store(true, Ordering::SeqCst);
+    assert_eq!(wal.deliver_ready(&mut sink).unwrap(), 1);
+    assert_eq!(*sink.got.lock(), vec![1]);
 }

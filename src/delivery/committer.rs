@@ -4,16 +4,28 @@
 //! Per epoch (`docs/design.md`, "Delivery"): ask the commit store whether it is committed
 //! (a crash after marking but before cleanup), ask a marker-keeping sink the same, deliver,
 //! mark, collect garbage. Any error stops at that epoch; it is retried with backoff and never
-//! skipped, so a later checkpoint is never committed before an earlier one.
+//! skipped, so a later checkpoint is never committed before an earlier one. A panic in the sink
+//! counts as a permanent sink error ([`SinkError::from_panic`]).
 
 use crate::delivery::deliverer::{Deliverer, DueMark, Next, ReadAheadEpoch};
 use crate::error::{Error, Result};
 use crate::wal::Shared;
-use crate::Sink;
+use crate::{Sink, SinkError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// Calls into the sink with a panic turned into [`SinkError::from_panic`]: a panicking sink
+/// is counted, shown in `Health` and retried like any permanent error, and never unwinds
+/// through the committer (which would stop it without a word). The sink is called again after
+/// a panic; its contract already requires that a second delivery of an epoch is correct.
+fn guarded<T>(
+    call: impl FnOnce() -> std::result::Result<T, SinkError>,
+) -> std::result::Result<T, SinkError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call))
+        .unwrap_or_else(|payload| Err(SinkError::from_panic(&*payload)))
+}
 
 /// What one step did.
 #[derive(Debug, PartialEq, Eq)]
@@ -43,7 +55,7 @@ pub(crate) fn step(
         None => Ok(()),
     };
     if sink.stores_marker() {
-        match sink.is_committed(p.key()) {
+        match guarded(|| sink.is_committed(p.key())) {
             Ok(true) => {
                 d.skip_committed(p);
                 settle_mark(d, due)?;
@@ -80,7 +92,7 @@ pub(crate) fn step(
     .entered();
     let next = d.read_ahead(&p);
     let (outcome, marked) = if next.is_none() && due.is_none() {
-        (sink.deliver(&epoch), None)
+        (guarded(|| sink.deliver(&epoch)), None)
     } else {
         std::thread::scope(|s| {
             let reading = next.and_then(|n| {
@@ -97,7 +109,7 @@ pub(crate) fn step(
                     .spawn_scoped(s, move || due.run())
                     .ok()
             });
-            let outcome = sink.deliver(&epoch);
+            let outcome = guarded(|| sink.deliver(&epoch));
             // A read that failed (or a thread that panicked) is done again in its turn.
             *ahead = reading.and_then(|h| h.join().ok());
             let marked = marking.and_then(|h| h.join().ok());

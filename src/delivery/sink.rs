@@ -379,6 +379,11 @@ impl Iterator for Records<'_> {
 /// - A sink that stores the commit marker in the target atomically with the data (a file
 ///   rename, a SQL row in the same transaction) returns `true` from [`Sink::stores_marker`]
 ///   and answers [`Sink::is_committed`] from the target: then delivery is exactly-once.
+/// - A panic in [`Sink::deliver`] or [`Sink::is_committed`] is caught and treated as a
+///   permanent error ([`SinkError::from_panic`]): counted and shown in
+///   [`Health`](crate::Health), the same epoch retried at the longest backoff. The same sink
+///   is called again afterwards, so a panic must leave it (and the target) fit for a second
+///   delivery of that epoch, as an error would. A build with `panic = "abort"` aborts instead.
 pub trait Sink: Send {
     /// Delivers one epoch durably.
     fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError>;

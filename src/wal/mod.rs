@@ -376,9 +376,18 @@ impl WalSink {
         records: impl IntoIterator<Item = &'a [u8]>,
         arrival: Option<&mut gather::Arrival<'_>>,
     ) -> Result<Position> {
+        self.budget_room(true)?;
+        self.write_now(records, arrival)
+    }
+
+    /// Writes records already checked against the size limit and the budget.
+    fn write_now<'a>(
+        &self,
+        records: impl IntoIterator<Item = &'a [u8]>,
+        arrival: Option<&mut gather::Arrival<'_>>,
+    ) -> Result<Position> {
         let sh = &*self.shared;
         tracing::trace!(sink_id = %sh.sink_id, "append batch");
-        self.wait_for_budget()?;
         let mut w = sh.w.lock();
         check_poison(&w)?;
         let end = self.shared.write_data(&mut w, records)?;
@@ -432,6 +441,30 @@ impl WalSink {
         Ok(DurablePoint(
             self.write_records(records.iter().copied(), None)?,
         ))
+    }
+
+    /// [`WalSink::append_batch_unsynced`] without waiting for backlog budget, for drivers
+    /// that wait for it where a wait can be given up (an async handle): where
+    /// `append_batch_unsynced` would wait (the budget of
+    /// [`Options::max_backlog_bytes`] is used up, [`FullPolicy::Block`], and sealed epochs
+    /// are there whose delivery frees it), returns `None` with nothing appended. Wait for a
+    /// [`WalSink::on_change`] wake-up (registered before this call) and call again. May write
+    /// to the file (I/O, blocking) when the budget has room.
+    ///
+    /// # Errors
+    /// As [`WalSink::append_batch`]: `RecordTooLarge` (none appended), `BacklogFull` with
+    /// [`FullPolicy::Reject`] or with nothing sealed to drain, `Shutdown`, `Poisoned`, or the
+    /// write's I/O error.
+    pub fn append_batch_within_budget(&self, records: &[&[u8]]) -> Result<Option<DurablePoint>> {
+        for r in records {
+            self.check_size(r)?;
+        }
+        if !self.budget_room(false)? {
+            return Ok(None);
+        }
+        Ok(Some(DurablePoint(
+            self.write_now(records.iter().copied(), None)?,
+        )))
     }
 
     /// Returns once everything written up to `point` is durable (group commit: concurrent
@@ -584,6 +617,11 @@ impl WalSink {
     /// next call retries the same epoch, and what succeeded before the error is marked first).
     /// Returns the number of epochs handled. Fails with `InvalidOperation` while a committer
     /// thread ([`WalSink::spawn_committer`]) runs.
+    ///
+    /// # Errors
+    /// The first sink, commit-store or read error; a panic in the sink comes back as a
+    /// permanent sink error ([`SinkError::from_panic`](crate::SinkError::from_panic)), counted
+    /// in [`Health::errors`] and shown in [`Health::last_error`] like any other.
     pub fn deliver_ready(&self, sink: &mut dyn Sink) -> Result<usize> {
         committer::deliver_ready(&self.shared, sink)
     }
@@ -591,7 +629,13 @@ impl WalSink {
     /// Starts a committer thread that delivers to `sink` until [`Committer::shutdown`]. Sink
     /// and commit-store errors are retried with exponential backoff and full jitter
     /// ([`Options::retry`](crate::Options::retry)); [`WalSink::health`] shows the last error
-    /// and the retry count.
+    /// and the retry count. A panic in the sink does not stop the thread: it becomes a
+    /// permanent sink error ([`SinkError::from_panic`](crate::SinkError::from_panic)), and the
+    /// epoch is retried at the longest backoff.
+    ///
+    /// # Errors
+    /// `InvalidOperation` while another deliverer runs; an I/O error if the thread cannot be
+    /// started.
     pub fn spawn_committer<S: Sink + 'static>(&self, sink: S) -> Result<Committer> {
         committer::spawn(&self.shared, sink)
     }
@@ -617,18 +661,20 @@ impl WalSink {
         self.shared.wait_committed(id, timeout)
     }
 
-    /// Blocks while the budget of [`Options::max_backlog_bytes`] is used up.
-    fn wait_for_budget(&self) -> Result<()> {
+    /// Whether the budget of [`Options::max_backlog_bytes`] has room for an append. With
+    /// `wait`, blocks while it is used up and then answers true; without, answers false where
+    /// it would block. Fails where waiting cannot help (see [`WalSink::append_batch`]).
+    fn budget_room(&self, wait: bool) -> Result<bool> {
         let sh = &*self.shared;
         let limit = sh.opts.max_backlog_bytes;
         if limit == u64::MAX {
-            return Ok(());
+            return Ok(true);
         }
         let mut cat = sh.cat.lock();
         loop {
             let backlog = cat.backlog_bytes() + sh.open_bytes.load(Ordering::Relaxed);
             if backlog < limit {
-                return Ok(());
+                return Ok(true);
             }
             if cat.shutdown {
                 return Err(ErrorKind::Shutdown.into());
@@ -640,6 +686,9 @@ impl WalSink {
                     limit,
                 }
                 .into());
+            }
+            if !wait {
+                return Ok(false);
             }
             sh.cat_cv.wait(&mut cat);
         }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tracing::Instrument;
-use walsink::{Deliverer, DueMark, Epoch, Next, Pending, ReadAheadEpoch, Result, WalSink};
+use walsink::{
+    Deliverer, DueMark, Epoch, Next, Pending, ReadAheadEpoch, Result, SinkError, WalSink,
+};
 
 /// Runs `f` with the deliverer on the blocking pool and hands it back.
 async fn blocking<T: Send + 'static>(
@@ -22,6 +24,31 @@ async fn blocking<T: Send + 'static>(
     })
     .await
     .expect("a delivery step on the blocking pool panicked")
+}
+
+/// Runs a sink's call with a panic (in making the future or in polling it) turned into
+/// [`SinkError::from_panic`]: a panicking sink is counted, shown in `Health` and retried like
+/// any permanent error, as by the committer thread, instead of ending the task without a
+/// word. The panicked future is not polled again; the sink is called again on the retry, which
+/// the sink contract already allows.
+async fn guarded<'a, T, F>(call: impl FnOnce() -> F + 'a) -> std::result::Result<T, SinkError>
+where
+    F: std::future::Future<Output = std::result::Result<T, SinkError>> + 'a,
+{
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::task::Poll;
+    let fut = match catch_unwind(AssertUnwindSafe(call)) {
+        Ok(f) => f,
+        Err(payload) => return Err(SinkError::from_panic(&*payload)),
+    };
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(
+        move |cx| match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(p) => p,
+            Err(payload) => Poll::Ready(Err(SinkError::from_panic(&*payload))),
+        },
+    )
+    .await
 }
 
 /// What one step did.
@@ -51,7 +78,7 @@ async fn step<S: AsyncSink>(
     };
     let mut d = d;
     if sink.stores_marker() {
-        match sink.is_committed(p.key()).await {
+        match guarded(|| sink.is_committed(p.key())).await {
             Ok(true) => {
                 d.skip_committed(p);
                 let (d, r) = settle_mark(d, due).await;
@@ -105,7 +132,7 @@ async fn step<S: AsyncSink>(
                 *ahead = Some((id, tokio::task::spawn_blocking(move || next.read())));
             }
         }
-        sink.deliver(&epoch).instrument(span).await
+        guarded(|| sink.deliver(&epoch).instrument(span)).await
     };
     // The sink's outcome is recorded before anything else is awaited: dropped while the mark
     // is still being made, the step must not leave an epoch the sink took uncounted (it would
@@ -137,6 +164,14 @@ async fn settle_mark(d: Deliverer, due: Option<DueMark>) -> (Deliverer, Result<(
 /// epochs handled. While another deliverer holds the log (a committer, or a step of an
 /// earlier call that was dropped and is finishing on the blocking pool), it waits up to 2 s
 /// for it, then fails with an invalid-operation error.
+///
+/// # Errors
+/// The first sink, commit-store or read error; a panic in the sink's `deliver` or
+/// `is_committed` comes back as a permanent sink error
+/// ([`SinkError::from_panic`](walsink::SinkError::from_panic)), counted in
+/// [`Health::errors`](walsink::Health::errors) and shown in
+/// [`Health::last_error`](walsink::Health::last_error); `InvalidOperation` while another
+/// deliverer holds the log.
 ///
 /// # Cancel safety
 /// Cancel safe in the sense of the sink contract: an epoch whose delivery is dropped
@@ -188,8 +223,11 @@ async fn claim(wal: &Arc<WalSink>) -> Result<Deliverer> {
 /// [`AsyncWal::spawn_committer`](crate::AsyncWal::spawn_committer) or [`spawn_committer`].
 ///
 /// Errors are retried with exponential backoff and full jitter, the same rules as the
-/// committer thread's; [`WalSink::health`] shows the last error and the retry count. Dropping
-/// the handle stops the task at the next epoch boundary without waiting for it.
+/// committer thread's; [`WalSink::health`] shows the last error and the retry count. A panic
+/// in the sink's `deliver` or `is_committed` does not end the task: it becomes a permanent
+/// sink error ([`SinkError::from_panic`](walsink::SinkError::from_panic)), shown and counted
+/// the same way, and the epoch is retried at the longest backoff. Dropping the handle stops
+/// the task at the next epoch boundary without waiting for it.
 #[derive(Debug)]
 pub struct AsyncCommitter {
     stop: watch::Sender<bool>,

@@ -9,14 +9,23 @@
 //!   wakes their tasks (group commit without a blocked thread per task);
 //! - checkpoints, restores and opening run on the blocking pool.
 //!
+//! Ordering: a future dropped while its work runs on the blocking pool leaves that work
+//! running. So that it cannot land after later calls, every call that starts such work first
+//! takes the handle's turn (a [`Gate`] shared by all clones) and hands it to the blocking
+//! closure, which gives it back only when the work has ended; a later call on the handle or a
+//! clone waits for the turn, and the in-place append path is taken only while no turn is out.
+//! A wait for backlog budget happens in async code, without the turn, so a dropped append that
+//! was waiting for budget appends nothing and never holds up a restore.
+//!
 //! `docs/benchmarks.md` has the measurements behind these choices.
 
 use crate::{AsyncCommitter, AsyncSink};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::{oneshot, Notify, OwnedMutexGuard};
 use walsink::{
     DurablePoint, Error, Health, Options, PendingCheckpoint, RecoveryReport, Result, WalSink,
 };
@@ -60,30 +69,97 @@ type SyncRequest = (DurablePoint, oneshot::Sender<Result<()>>);
 pub struct AsyncWal {
     wal: Arc<WalSink>,
     io: Arc<IoThread>,
+    gate: Gate,
     changed: Arc<Notify>,
 }
 
-#[derive(Debug)]
+/// The order of the calls on one log handle and its clones: the work a call starts on the
+/// blocking pool holds a [`Turn`] until it ends, even when the call's future was dropped, and
+/// the next call that would start work waits for it.
+///
+/// Invariant: `busy` is true exactly while a turn is out (set after `lock` is taken, cleared
+/// when the turn is given back). The in-place append path reads only `busy`: one relaxed-cost
+/// atomic load per append, on a line written only when a call takes a turn.
+#[derive(Debug, Clone, Default)]
+struct Gate {
+    lock: Arc<tokio::sync::Mutex<()>>,
+    busy: Arc<AtomicBool>,
+}
+
+/// The right to start work on the log's blocking path; see [`Gate`]. Moved into the blocking
+/// closure, so it is given back when the work ends, not when the caller's future is dropped.
+struct Turn {
+    _lock: OwnedMutexGuard<()>,
+    busy: Arc<AtomicBool>,
+}
+
+impl Gate {
+    /// Waits for the turn (cancel safe: a dropped wait takes nothing).
+    async fn turn(&self) -> Turn {
+        let lock = self.lock.clone().lock_owned().await;
+        self.busy.store(true, Ordering::Release);
+        Turn {
+            _lock: lock,
+            busy: self.busy.clone(),
+        }
+    }
+
+    /// True while work a call started (perhaps one whose future was dropped) may still run.
+    fn busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        // Cleared before the lock is given back: a call that sees `busy` false after this
+        // comes after the work, which has ended.
+        self.busy.store(false, Ordering::Release);
+    }
+}
+
+/// The handle's I/O thread for durable appends, started by the first append that waits for
+/// the disk (never in checkpointed mode, where appends do not wait for it).
+#[derive(Debug, Default)]
 struct IoThread {
-    tx: parking_lot::Mutex<Option<mpsc::Sender<SyncRequest>>>,
+    state: parking_lot::Mutex<IoState>,
     handle: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
+#[derive(Debug, Default)]
+enum IoState {
+    /// Not started yet.
+    #[default]
+    Idle,
+    Running(mpsc::Sender<SyncRequest>),
+    /// [`AsyncWal::shutdown`] stopped it; it is not started again.
+    Stopped,
+}
+
 impl IoThread {
-    fn start(wal: Arc<WalSink>) -> Result<IoThread> {
-        let (tx, rx) = mpsc::channel::<SyncRequest>();
-        let handle = std::thread::Builder::new()
-            .name(format!("walsink-io-{}", wal.sink_id()))
-            .spawn(move || sync_loop(&wal, &rx))
-            .map_err(|e| Error::io("start the log's I/O thread", e))?;
-        Ok(IoThread {
-            tx: parking_lot::Mutex::new(Some(tx)),
-            handle: parking_lot::Mutex::new(Some(handle)),
-        })
+    /// Hands `request` to the thread, starting it first if this is the first one.
+    fn send(&self, wal: &Arc<WalSink>, request: SyncRequest) -> Result<()> {
+        let mut state = self.state.lock();
+        if matches!(*state, IoState::Idle) {
+            let (tx, rx) = mpsc::channel::<SyncRequest>();
+            let w = wal.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("walsink-io-{}", wal.sink_id()))
+                .spawn(move || sync_loop(&w, &rx))
+                .map_err(|e| Error::io("start the log's I/O thread", e))?;
+            *self.handle.lock() = Some(handle);
+            *state = IoState::Running(tx);
+        }
+        match &*state {
+            IoState::Running(tx) => tx
+                .send(request)
+                .map_err(|_| Error::invalid_op("the log's I/O thread has stopped")),
+            _ => Err(Error::invalid_op("the log handle was shut down")),
+        }
     }
 
     fn stop(&self) {
-        self.tx.lock().take();
+        *self.state.lock() = IoState::Stopped;
         if let Some(h) = self.handle.lock().take() {
             let _ = h.join();
         }
@@ -92,7 +168,8 @@ impl IoThread {
 
 impl Drop for IoThread {
     fn drop(&mut self) {
-        self.tx.lock().take();
+        // Closing the channel stops the thread once it answered what it holds.
+        *self.state.get_mut() = IoState::Stopped;
     }
 }
 
@@ -157,25 +234,36 @@ impl AsyncWal {
     }
 
     /// An async handle for a log opened with the blocking API (for example on a simulated
-    /// disk with [`WalSink::open_with_storage`]).
+    /// disk with [`WalSink::open_with_storage`]). Starts no thread: in
+    /// [`Mode::Durable`](walsink::Mode::Durable) the handle's I/O thread starts with the
+    /// first append that waits for the disk.
+    ///
+    /// # Errors
+    /// None today; the `Result` leaves room for setup that can fail.
     pub fn from_sync(wal: WalSink) -> Result<Self> {
         let wal = Arc::new(wal);
         let changed = Arc::new(Notify::new());
         let c2 = changed.clone();
         wal.on_change(move || c2.notify_waiters());
         Ok(AsyncWal {
-            io: Arc::new(IoThread::start(wal.clone())?),
+            io: Arc::default(),
+            gate: Gate::default(),
             wal,
             changed,
         })
     }
 
     /// The blocking handle underneath, for what has no async form (health, pending, ids).
+    /// Calls made through it are not ordered after work that dropped async calls started
+    /// (see [`AsyncWal::settle`]).
     pub fn blocking(&self) -> &Arc<WalSink> {
         &self.wal
     }
 
     /// Appends one record; see [`AsyncWal::append_batch`].
+    ///
+    /// # Errors
+    /// As [`AsyncWal::append_batch`].
     ///
     /// # Cancel safety
     /// As [`AsyncWal::append_batch`].
@@ -185,72 +273,149 @@ impl AsyncWal {
 
     /// Appends records in order (none if one is too large), as [`WalSink::append_batch`]:
     /// in checkpointed mode they are buffered for the next checkpoint; in durable mode this
-    /// returns once they are durable, and appends of concurrent tasks share one sync.
+    /// returns once they are durable, and appends of concurrent tasks share one sync. While
+    /// the backlog budget ([`Options::max_backlog_bytes`](walsink::Options::max_backlog_bytes)
+    /// with [`FullPolicy::Block`](walsink::FullPolicy::Block)) is used up, it waits on the
+    /// task, without holding a thread, until a delivery frees it.
+    ///
+    /// # Errors
+    /// As [`WalSink::append_batch`]: `RecordTooLarge`, `BacklogFull` (with
+    /// `FullPolicy::Reject`, or nothing sealed to drain), `Poisoned`, `Shutdown`, an I/O
+    /// error; in durable mode `InvalidOperation` after [`AsyncWal::shutdown`].
     ///
     /// # Cancel safety
-    /// Not cancel safe. A dropped future may have appended the records or not; in durable
-    /// mode, records appended by a dropped future become durable with the next sync (of any
-    /// append) and are delivered, although the caller never saw them acknowledged. A stream
-    /// processor restores from its last checkpoint after such a drop, which voids what was
-    /// appended since.
+    /// Not cancel safe, but what a drop leaves is exact:
+    /// - dropped while it waits for backlog budget, or for work an earlier dropped call
+    ///   started: nothing was appended;
+    /// - dropped while its write runs on the blocking pool: the write runs to its end, all
+    ///   the records or none (an error) are appended, and every later call on this handle or
+    ///   a clone comes after it, so a [`AsyncWal::restore`] made after the drop voids them;
+    /// - in durable mode, dropped while it waits for the disk: the records are appended and
+    ///   become durable with the next sync (of any append) and are delivered, although the
+    ///   caller never saw them acknowledged.
+    ///
+    /// A stream processor restores from its last checkpoint after such a drop, which voids
+    /// what was appended since.
     pub async fn append_batch(&self, records: &[&[u8]]) -> Result<()> {
-        let point = match self.wal.try_append_batch(records)? {
+        // In place only while no work of an earlier call may still run: one atomic load.
+        let in_place = if self.gate.busy() {
+            None
+        } else {
+            self.wal.try_append_batch(records)?
+        };
+        let point = match in_place {
             Some(p) => p,
-            None => {
-                let owned: Vec<Vec<u8>> = records.iter().map(|r| r.to_vec()).collect();
-                let wal = self.wal.clone();
-                let span = tracing::debug_span!("append_batch", records = owned.len());
-                blocking(move || {
-                    let _e = span.enter();
-                    let refs: Vec<&[u8]> = owned.iter().map(|r| r.as_slice()).collect();
-                    wal.append_batch_unsynced(&refs)
-                })
-                .await?
-            }
+            None => self.append_in_turn(records).await?,
         };
         if self.wal.mode() != walsink::Mode::Durable {
             return Ok(());
         }
         let (tx, rx) = oneshot::channel();
-        {
-            let sender = self.io.tx.lock();
-            let Some(sender) = sender.as_ref() else {
-                return Err(Error::invalid_op("the log handle was shut down"));
-            };
-            sender
-                .send((point, tx))
-                .map_err(|_| Error::invalid_op("the log's I/O thread has stopped"))?;
-        }
+        self.io.send(&self.wal, (point, tx))?;
         rx.await
             .map_err(|_| Error::invalid_op("the log's I/O thread has stopped"))?
     }
 
+    /// The way of an append that cannot go in place: waits for the turn, appends in place if
+    /// it can now, else writes on the blocking pool; while the budget is used up it gives the
+    /// turn back and waits for the log to change (a delivery, a restore), then tries again.
+    async fn append_in_turn(&self, records: &[&[u8]]) -> Result<walsink::DurablePoint> {
+        let mut owned: Option<Arc<Vec<Vec<u8>>>> = None;
+        loop {
+            // Registered before the budget is looked at, so a change in between still wakes.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let turn = self.gate.turn().await;
+            if let Some(p) = self.wal.try_append_batch(records)? {
+                return Ok(p);
+            }
+            let owned = owned
+                .get_or_insert_with(|| Arc::new(records.iter().map(|r| r.to_vec()).collect()))
+                .clone();
+            let wal = self.wal.clone();
+            let span = tracing::debug_span!("append_batch", records = owned.len());
+            let written = blocking(move || {
+                let _turn = turn;
+                let _e = span.enter();
+                let refs: Vec<&[u8]> = owned.iter().map(|r| r.as_slice()).collect();
+                wal.append_batch_within_budget(&refs)
+            })
+            .await?;
+            match written {
+                Some(p) => return Ok(p),
+                None => changed.await,
+            }
+        }
+    }
+
     /// Seals the open epoch as checkpoint `id`, durably; see [`WalSink::checkpoint`].
     ///
+    /// # Errors
+    /// As [`WalSink::checkpoint`]: `InvalidCheckpoint` for an id that does not increase,
+    /// `InvalidOperation` in durable mode, a configuration error for metadata over
+    /// `max_metadata_size`, `Poisoned` or an I/O error.
+    ///
     /// # Cancel safety
-    /// A dropped future never leaves a half-sealed epoch: the checkpoint runs to its end on
-    /// the blocking pool, and recovery treats a barrier whose sync did not finish as absent
-    /// (`docs/design.md`). Whether it was sealed shows in [`WalSink::pending`]; calling
-    /// `checkpoint` again with the same id then fails with `InvalidCheckpoint`.
+    /// Dropped before its work started (while an earlier dropped call's work still ran),
+    /// nothing happens. Dropped later, the checkpoint runs to its end on the blocking pool and
+    /// seals exactly the records appended before the call (never a half-sealed epoch: recovery
+    /// treats a barrier whose sync did not finish as absent, `docs/design.md`); every later
+    /// call on this handle or a clone waits for it. Whether it was sealed shows in
+    /// [`WalSink::pending`] once any later call on the handle has returned, or after
+    /// [`AsyncWal::settle`]; calling `checkpoint` again with the same id then fails with
+    /// `InvalidCheckpoint` if it was.
     pub async fn checkpoint(&self, id: u64, metadata: &[u8]) -> Result<()> {
         let wal = self.wal.clone();
         let metadata = metadata.to_vec();
-        blocking(move || wal.checkpoint(id, &metadata)).await
+        let turn = self.gate.turn().await;
+        blocking(move || {
+            let _turn = turn;
+            wal.checkpoint(id, &metadata)
+        })
+        .await
     }
 
     /// Checkpoint `id` is complete; see [`WalSink::checkpoint_complete`]. Needs no I/O, so
     /// it is not async.
+    ///
+    /// # Errors
+    /// `InvalidOperation` in durable mode.
     pub fn checkpoint_complete(&self, id: u64) -> Result<()> {
         self.wal.checkpoint_complete(id)
     }
 
     /// The engine restored from checkpoint `id`; see [`WalSink::restore`].
     ///
+    /// # Errors
+    /// As [`WalSink::restore`]: `InvalidOperation` in durable mode, `Poisoned` or an I/O
+    /// error.
+    ///
     /// # Cancel safety
-    /// The restore runs to its end on the blocking pool even if the future is dropped.
+    /// Dropped before its work started (while an earlier dropped call's work still ran),
+    /// nothing happens. Dropped later, the restore runs to its end on the blocking pool and
+    /// voids only what was appended or sealed before the call: every later call on this
+    /// handle or a clone waits for it, so an append acknowledged after the drop is never
+    /// voided by it.
     pub async fn restore(&self, id: Option<u64>) -> Result<()> {
         let wal = self.wal.clone();
-        blocking(move || wal.restore(id)).await
+        let turn = self.gate.turn().await;
+        blocking(move || {
+            let _turn = turn;
+            wal.restore(id)
+        })
+        .await
+    }
+
+    /// Waits until the work that earlier calls on this handle or its clones started has
+    /// ended, including calls whose futures were dropped: then [`AsyncWal::pending`] and
+    /// [`AsyncWal::health`] show its outcome. Every `append`, `checkpoint` and `restore`
+    /// waits for the same first.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn settle(&self) {
+        drop(self.gate.turn().await);
     }
 
     /// Health figures; see [`WalSink::health`]. Needs no I/O.
@@ -294,14 +459,18 @@ impl AsyncWal {
         crate::deliver_ready(&self.wal, sink).await
     }
 
-    /// Closes the handle: stops its I/O thread after the syncs it was asked for, and
-    /// returns the checkpoints still pending. Clones of the handle stop working for durable
-    /// appends; stop a committer first ([`AsyncCommitter::shutdown`]). The log itself closes
-    /// when the last clone and committer are gone.
+    /// Closes the handle: waits for the work earlier calls started (as
+    /// [`AsyncWal::settle`]), stops its I/O thread (if durable appends started it) after the
+    /// syncs it was asked for, and returns the checkpoints still pending. Clones of the
+    /// handle stop working for durable appends; stop a committer first
+    /// ([`AsyncCommitter::shutdown`]). The log itself closes when the last clone and
+    /// committer are gone.
     ///
     /// # Cancel safety
-    /// If dropped, the I/O thread still stops on its own.
+    /// If dropped while it waits for earlier work, nothing is stopped; if dropped later, the
+    /// I/O thread still stops on its own.
     pub async fn shutdown(self) -> Vec<PendingCheckpoint> {
+        self.settle().await;
         let io = self.io.clone();
         let _ = tokio::task::spawn_blocking(move || io.stop()).await;
         self.wal.pending()

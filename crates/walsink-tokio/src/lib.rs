@@ -2,8 +2,9 @@
 //!
 //! - [`AsyncWal`]: the log handle with async methods that never block a runtime worker:
 //!   appends between checkpoints are buffered in place, and everything that waits for the
-//!   disk (syncs, checkpoints, restores) runs on a dedicated I/O thread or tokio's blocking
-//!   pool.
+//!   disk (syncs, checkpoints, restores) runs on the handle's I/O thread (durable mode only,
+//!   started by the first durable append) or tokio's blocking pool; calls on a handle stay
+//!   in order even when a future is dropped while its work runs.
 //! - [`AsyncSink`]: the sink contract with async methods, driven in checkpoint order by an
 //!   [`AsyncCommitter`] task (the same protocol steps, [`walsink::Deliverer`], as the
 //!   committer thread), or by [`deliver_ready`]. [`BlockingSink`] turns an async sink into a

@@ -20,6 +20,10 @@ use walsink::{Chunk, Epoch, EpochKey, IntoChunks, SinkError};
 /// - A sink that stores the commit marker atomically with the data returns `true` from
 ///   [`AsyncSink::stores_marker`] and answers [`AsyncSink::is_committed`] from the target:
 ///   then delivery is exactly-once.
+/// - A panic in `deliver` or `is_committed` (in making the future or while it runs) is caught
+///   and treated as a permanent error, as [`walsink::Sink`]'s contract says: counted and
+///   shown in [`Health`](walsink::Health), the same epoch retried at the longest backoff with
+///   the same sink value.
 ///
 /// # Cancellation
 /// A committer stopped with a deadline ([`AsyncCommitter::shutdown`](crate::AsyncCommitter::shutdown))

@@ -1,6 +1,7 @@
 //! The async handle and the async committer on their own: durable appends from many tasks,
 //! dropped futures, shutdown with a deadline, large records through the blocking path,
-//! typed records that do not decode, and evolving a postcard record type.
+//! typed records that do not decode, evolving a postcard record type, a sink that panics
+//! (caught, counted, shown and retried), and which threads a handle starts.
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -521,4 +522,176 @@ async fn a_call_dropped_while_the_mark_beside_the_sink_runs_does_not_resend_the_
     let taken = sink.got.lock().clone();
     assert_eq!(taken, vec![1, 2], "an epoch the sink took was sent again");
     assert_eq!(wal.health().committed, Some(2));
+}
+
+/// Panics in `deliver` (or, for a marker sink, in `is_committed`) until `healed` is set, then
+/// records the checkpoints it takes.
+#[derive(Clone, Default)]
+struct PanicsUntilHealed {
+    healed: Arc<std::sync::atomic::AtomicBool>,
+    in_is_committed: bool,
+    got: Arc<Mutex<Vec<u64>>>,
+}
+
+impl AsyncSink for PanicsUntilHealed {
+    async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+        if !self.in_is_committed && !self.healed.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("sink bug at checkpoint {}", epoch.checkpoint());
+        }
+        self.got.lock().push(epoch.checkpoint());
+        Ok(())
+    }
+
+    fn stores_marker(&self) -> bool {
+        self.in_is_committed
+    }
+
+    async fn is_committed(&mut self, key: &walsink::EpochKey) -> Result<bool, SinkError> {
+        if !self.healed.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("marker lookup bug at checkpoint {}", key.checkpoint);
+        }
+        Ok(self.got.lock().contains(&key.checkpoint))
+    }
+}
+
+fn fast_retries(id: &str) -> Options {
+    Options::new(id).retry(walsink::RetryPolicy {
+        initial: Duration::from_millis(1),
+        max: Duration::from_millis(20),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_sink_is_counted_shown_and_retried_by_the_async_committer() {
+    for in_is_committed in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (wal, _) = AsyncWal::open(dir.path(), fast_retries("panics"))
+            .await
+            .unwrap();
+        wal.append(b"r").await.unwrap();
+        wal.checkpoint(1, b"").await.unwrap();
+        wal.checkpoint_complete(1).unwrap();
+        let sink = PanicsUntilHealed {
+            in_is_committed,
+            ..Default::default()
+        };
+        let committer = wal.spawn_committer(sink.clone()).unwrap();
+        // Two errors: the panic was counted and the epoch tried again after it.
+        let seen = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                let h = wal.health();
+                if h.errors >= 2
+                    && h.last_error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("panicked"))
+                {
+                    return h;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        let h = seen.unwrap_or_else(|_| {
+            panic!(
+                "in_is_committed={in_is_committed}: the panic was not shown: {:?}",
+                wal.health()
+            )
+        });
+        assert!(
+            h.last_error
+                .as_deref()
+                .unwrap()
+                .contains("bug at checkpoint 1"),
+            "the panic's message is shown: {h:?}"
+        );
+        assert_eq!(h.committed, None);
+        sink.healed.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(wal.wait_committed(1, Duration::from_secs(20)).await);
+        assert_eq!(
+            *sink.got.lock(),
+            vec![1],
+            "in_is_committed={in_is_committed}"
+        );
+        let report = committer.shutdown(Duration::from_secs(10)).await;
+        assert!(report.clean && report.pending.is_empty(), "{report:?}");
+        assert_eq!(wal.health().last_error, None);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_sink_makes_async_deliver_ready_return_a_permanent_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = AsyncWal::open(dir.path(), fast_retries("panics-ready"))
+        .await
+        .unwrap();
+    wal.append(b"r").await.unwrap();
+    wal.checkpoint(1, b"").await.unwrap();
+    wal.checkpoint_complete(1).unwrap();
+    let mut sink = PanicsUntilHealed::default();
+    let e = wal.deliver_ready(&mut sink).await.unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::Sink(s) if s.class() == walsink::SinkErrorClass::Permanent),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("panicked"), "{e}");
+    let h = wal.health();
+    assert_eq!(h.errors, 1);
+    assert!(h.last_error.unwrap().contains("sink bug at checkpoint 1"));
+    sink.healed.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(wal.deliver_ready(&mut sink).await.unwrap(), 1);
+    assert_eq!(*sink.got.lock(), vec![1]);
+}
+
+/// Threads of this process whose name (as the kernel keeps it, 15 bytes) is `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim_end() == name)
+        .count()
+}
+
+/// Sink ids starting with `thrd` are used only here, so the I/O threads named
+/// `walsink-io-thrd` (the kernel keeps 15 bytes of `walsink-io-<sink id>`) are this test's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_io_thread_starts_only_with_the_first_durable_append_that_waits_for_the_disk() {
+    const NAME: &str = "walsink-io-thrd";
+    let dirs: Vec<_> = (0..17).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut handles = Vec::new();
+    for (i, dir) in dirs[..16].iter().enumerate() {
+        let (wal, _) = AsyncWal::open(dir.path(), Options::new(format!("thrd{i}")))
+            .await
+            .unwrap();
+        wal.append(b"r").await.unwrap();
+        wal.checkpoint(1, b"").await.unwrap();
+        handles.push(wal);
+    }
+    assert_eq!(
+        threads_named(NAME),
+        0,
+        "16 handles in checkpointed mode started I/O threads"
+    );
+    let (durable, _) = AsyncWal::open(
+        dirs[16].path(),
+        Options::new("thrd-durable").mode(Mode::Durable),
+    )
+    .await
+    .unwrap();
+    assert_eq!(threads_named(NAME), 0, "opening started the I/O thread");
+    let clone = durable.clone();
+    durable.append(b"d1").await.unwrap();
+    clone.append(b"d2").await.unwrap();
+    assert_eq!(
+        threads_named(NAME),
+        1,
+        "one I/O thread per log, shared by clones"
+    );
+    durable.shutdown().await;
+    assert_eq!(threads_named(NAME), 0, "shutdown stopped the I/O thread");
+    let e = clone.append(b"d3").await.unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::InvalidOperation { .. }),
+        "a clone refuses durable appends after shutdown: {e:?}"
+    );
+    assert_eq!(threads_named(NAME), 0, "shutdown is final");
 }

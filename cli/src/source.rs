@@ -178,7 +178,8 @@ impl Source {
     /// runs consumed.
     pub fn stdin(offset: u64, lines: u64) -> Source {
         Source {
-            reader: BufReader::with_capacity(1 << 20, Box::new(std::io::stdin())),
+            // Polled, so that a stop signal is seen while no line arrives (crate::stop).
+            reader: BufReader::with_capacity(1 << 20, Box::new(crate::stop::StdinReader::new())),
             file: None,
             hasher: Xxh3::new(),
             offset,

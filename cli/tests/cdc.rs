@@ -281,3 +281,57 @@ fn kill_loop_from_a_replication_slot_ends_with_the_replica_equal_to_the_source()
         "{out}"
     );
 }
+
+/// `cdc --input` speaks as `cdc` (not `pipe`) in its notices, on a first run and a resume.
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+fn cdc_input_names_itself_in_its_messages() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let schema = format!("cdc_name_{}_{:x}", std::process::id(), fastrand::u32(..));
+    let (lines, _) = stream(3, 300);
+    let inp = d.path().join("events.jsonl");
+    std::fs::write(&inp, lines.join("\n") + "\n").unwrap();
+    rt.block_on(async {
+        client()
+            .await
+            .batch_execute(&format!(
+                "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v text, n int);"
+            ))
+            .await
+            .unwrap();
+    });
+    let sink = format!("{SHARED}?schema={schema}");
+    let wal = d.path().join("wal");
+    let args = [
+        "cdc",
+        "--input",
+        s(&inp),
+        "--wal",
+        s(&wal),
+        "--sink",
+        &sink,
+        "--checkpoint-every",
+        "100",
+    ];
+    let first = walsink(&args);
+    let second = walsink(&args);
+    rt.block_on(async {
+        let _ = client()
+            .await
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await;
+    });
+    for (o, says) in [
+        (&first, "cdc: input consumed"),
+        (&second, "cdc: resuming after"),
+    ] {
+        let err = stderr(o);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(!err.contains("pipe:"), "cdc speaks as pipe: {err}");
+    }
+}

@@ -63,6 +63,9 @@ struct Cli {
 enum Command {
     /// Ship newline-delimited records from a file through a log into a sink, exactly once
     /// across crashes: re-run with the same arguments to resume.
+    #[command(
+        after_long_help = "Exit codes: 0 done; 1 refused (another log's target, a changed input, a line the command refuses); 2 usage or I/O error, a line over --max-record-bytes, a target given up on; 3 stopped gracefully by SIGINT or SIGTERM; 130 / 143 a second SIGINT / SIGTERM ended it at once; 141 --sink stdout lost its reader before every record was printed."
+    )]
     Pipe(pipe_args::PipeArgs),
     /// Show a log's identity, segments, checkpoints and backlog.
     Inspect {

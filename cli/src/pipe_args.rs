@@ -29,7 +29,8 @@ pub struct PipeArgs {
     #[arg(long, default_value = "pipe")]
     pub sink_id: String,
     /// Keep reading the input file as it grows, checkpointing whenever it has read all there
-    /// is; stop it with a signal (the next run resumes after the last checkpoint).
+    /// is; stop it with SIGINT or SIGTERM (graceful, exit 3, see --stop-timeout; the next run
+    /// resumes after the last checkpoint).
     #[arg(long)]
     pub follow: bool,
     /// The input file is complete: ship a last line that has no newline as a record. Without

@@ -282,7 +282,8 @@ fn kill_loop_from_a_replication_slot_ends_with_the_replica_equal_to_the_source()
     );
 }
 
-/// `cdc --input` speaks as `cdc` (not `pipe`) in its notices, on a first run and a resume.
+/// `cdc --input` speaks as `cdc` (not `pipe`) in its notices, on a first run, a resume and a
+/// graceful stop of a `--follow` run by SIGTERM (exit 3).
 #[test]
 #[cfg_attr(
     not(servers),
@@ -319,6 +320,20 @@ fn cdc_input_names_itself_in_its_messages() {
     ];
     let first = walsink(&args);
     let second = walsink(&args);
+    // With --follow, a signal stops it gracefully, and it says so as cdc.
+    let mut follow: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    follow.push("--follow".into());
+    let mut child = spawn_piped(&follow, &[]);
+    let err = collect_stderr(&mut child);
+    assert!(
+        wait_for_line(&err, "cdc: resuming after", Duration::from_secs(20)),
+        "{:?}",
+        err.lock().unwrap()
+    );
+    signal(&child, "TERM");
+    let st = wait_exit(&mut child, Duration::from_secs(30), "cdc --follow stop");
+    std::thread::sleep(Duration::from_millis(50));
+    let stopped = err.lock().unwrap().join("\n");
     rt.block_on(async {
         let _ = client()
             .await
@@ -334,4 +349,7 @@ fn cdc_input_names_itself_in_its_messages() {
         assert!(err.contains(says), "{err}");
         assert!(!err.contains("pipe:"), "cdc speaks as pipe: {err}");
     }
+    assert_eq!(st.code(), Some(3), "{stopped}");
+    assert!(stopped.contains("cdc: stopped by SIGTERM"), "{stopped}");
+    assert!(!stopped.contains("pipe:"), "{stopped}");
 }

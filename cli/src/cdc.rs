@@ -61,7 +61,16 @@ pub struct CdcArgs {
     /// Give up when one checkpoint keeps failing, whatever the error, for this long.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub retry_deadline: Duration,
-    /// No notices (errors are still printed).
+    /// On SIGINT or SIGTERM: stop reading, checkpoint what was read, and wait this long for
+    /// it to be applied; then print the summary and exit 3 (what is not applied by then stays
+    /// in the log for the next run). A second signal exits at once (130 / 143).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub stop_timeout: Duration,
+    /// With --input, when stderr is not a terminal: print a one-line progress report this
+    /// often, and a line while delivery fails and is retried.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub progress_interval: Duration,
+    /// No notices and no progress (errors are still printed).
     #[arg(long)]
     pub quiet: bool,
 }
@@ -166,11 +175,14 @@ pub fn run(args: CdcArgs) -> CliResult<ExitCode> {
                 max_backlog_bytes: None,
                 max_retries: args.max_retries,
                 retry_deadline: args.retry_deadline,
+                stop_timeout: args.stop_timeout,
+                progress_interval: args.progress_interval,
                 json: false,
                 quiet: args.quiet,
             };
             let position = config_position(&target.config);
             let hooks = crate::pipe::Hooks {
+                name: "cdc",
                 target: Some(Box::new(target)),
                 check_line: Some(if position { check_event } else { check_any }),
             };
@@ -407,7 +419,9 @@ fn run_source(
             pos = batch.pos;
         }
         advance(&mut capture, &mut ends, wal.health().committed)?;
-        if let Some(s) = deliver::check(&watch, limits, &target_shown) {
+        if let Some(s) = deliver::check(&watch, limits, &target_shown)
+            .or_else(|| crate::stop::requested().map(Stop::Signal))
+        {
             stop = Some(s);
             break;
         }
@@ -418,16 +432,32 @@ fn run_source(
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-    if let (None, Some(last)) = (&stop, last_sealed) {
-        while !wal.wait_committed(last, Duration::from_millis(200)) {
+    // After a signal, delivery has --stop-timeout; otherwise it goes on until done or given up.
+    let mut deadline = matches!(stop, Some(Stop::Signal(_)))
+        .then(|| std::time::Instant::now() + args.stop_timeout);
+    if let (None | Some(Stop::Signal(_)), Some(last)) = (&stop, last_sealed) {
+        while !wal.wait_committed(last, Duration::from_millis(100)) {
             if let Some(s) = deliver::check(&watch, limits, &target_shown) {
                 stop = Some(s);
+                break;
+            }
+            if stop.is_none() {
+                if let Some(sig) = crate::stop::requested() {
+                    stop = Some(Stop::Signal(sig));
+                    deadline = Some(std::time::Instant::now() + args.stop_timeout);
+                }
+            }
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
                 break;
             }
         }
     }
     advance(&mut capture, &mut ends, wal.health().committed)?;
-    committer.shutdown();
+    let limit = deadline.map(|d| {
+        d.saturating_duration_since(std::time::Instant::now())
+            .max(Duration::from_millis(500))
+    });
+    crate::pipe::shutdown_within(committer, limit);
     let committed = wal.health().committed.or(report.committed);
     let committed_text = committed.map_or("none yet".to_string(), |c| c.to_string());
     match stop {
@@ -436,6 +466,16 @@ fn run_source(
             args.wal.display()
         )
         .into()),
+        Some(Stop::Signal(sig)) => {
+            let h = wal.health();
+            eprintln!(
+                "cdc: stopped by {}: {} read in this run; committed through checkpoint {committed_text}; {} not applied yet stay in the log for the next run. Re-run the same command to resume",
+                sig.name(),
+                plural(events, "event"),
+                plural(h.backlog_records + h.open_records, "event"),
+            );
+            Ok(ExitCode::from(crate::stop::EXIT_STOPPED))
+        }
         _ => {
             notice(format!(
                 "cdc: caught up with slot {} (transaction {} taken; {} read in this run, {} in all); committed through checkpoint {committed_text}",

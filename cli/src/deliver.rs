@@ -1,5 +1,11 @@
 //! `pipe`'s sinks and the watch over their failures: when to give up on a target, and a
 //! closed standard output.
+//!
+//! The stdout sink commits an epoch only once its reader took every byte of it: when standard
+//! output is a pipe, a write only fills the pipe's buffer, so after writing an epoch the sink
+//! waits until the buffer is empty (`FIONREAD`), and a reader that closes the pipe first
+//! (`| head -3`) fails the epoch. Such an epoch is not committed: the next run prints it again
+//! from its first record.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -17,6 +23,8 @@ pub struct WatchState {
     pub attempts: u32,
     /// The most recent error.
     pub last_error: Option<String>,
+    /// The class of the most recent error.
+    pub last_class: Option<SinkErrorClass>,
     /// Standard output was closed by its reader.
     pub stdout_closed: bool,
 }
@@ -31,6 +39,8 @@ pub enum Stop {
     StdoutClosed,
     /// Retries are used up; the message says why.
     GaveUp(String),
+    /// SIGINT or SIGTERM asked the run to stop (see `stop`).
+    Signal(crate::stop::Signal),
 }
 
 /// Limits on retrying a failing target.
@@ -86,6 +96,7 @@ impl<S: Sink> Watched<S> {
                 w.permanent = 0;
                 w.attempts = 0;
                 w.last_error = None;
+                w.last_class = None;
             }
             Err(e) => {
                 w.failing_since.get_or_insert_with(Instant::now);
@@ -94,6 +105,7 @@ impl<S: Sink> Watched<S> {
                     w.permanent += 1;
                 }
                 w.last_error = Some(e.to_string());
+                w.last_class = Some(e.class());
             }
         }
         r
@@ -121,7 +133,9 @@ impl<S: Sink> Sink for Watched<S> {
 }
 
 /// Writes each record as a line to standard output: at-least-once (a crash between the write
-/// and the commit mark prints the epoch again). A closed output stops delivery for good.
+/// and the commit mark prints the epoch again, and so does a reader that leaves in the middle
+/// of an epoch: the epoch is committed only once a pipe's reader took all of it). A closed
+/// output stops delivery for good.
 pub struct StdoutSink {
     /// Shared with the [`Watched`] wrapper, to say that the output is gone.
     pub watch: Watch,
@@ -137,7 +151,8 @@ impl Sink for StdoutSink {
                 out.write_all(&r.data)?;
                 out.write_all(b"\n")?;
             }
-            out.flush()
+            out.flush()?;
+            wait_until_read()
         })();
         match r {
             Ok(()) => Ok(()),
@@ -146,11 +161,50 @@ impl Sink for StdoutSink {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .stdout_closed = true;
-                Err(SinkError::permanent("standard output was closed by its reader").with_source(e))
+                Err(SinkError::permanent(
+                    "standard output was closed by its reader before it read the whole epoch",
+                )
+                .with_source(e))
             }
             Err(e) => {
                 Err(SinkError::retryable(format!("write to standard output: {e}")).with_source(e))
             }
         }
+    }
+}
+
+/// When standard output is a pipe: waits until its reader has taken every byte written to it,
+/// or fails with `BrokenPipe` when the reader closed it with bytes unread. Other kinds of
+/// output (a file, a terminal, a socket) hold what was written once the write returned.
+fn wait_until_read() -> std::io::Result<()> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    // SAFETY: descriptor 1 stays open for the life of the process; ManuallyDrop keeps this
+    // File from closing it.
+    let stdout = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(1) });
+    if !stdout.metadata().is_ok_and(|m| m.file_type().is_fifo()) {
+        return Ok(());
+    }
+    let mut wait_ms = 1;
+    loop {
+        let mut unread: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one c_int, the size of the pipe's unread contents.
+        if unsafe { libc::ioctl(1, libc::FIONREAD, &mut unread) } < 0 || unread <= 0 {
+            // Read through (or a pipe that cannot tell: the write is all there is to go on).
+            return Ok(());
+        }
+        // No events asked for: poll wakes on POLLERR, which a pipe reports to its writer once
+        // its last reader is gone.
+        let mut pfd = libc::pollfd {
+            fd: 1,
+            events: 0,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, for the duration of the call.
+        let n = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
+        if n > 0 && pfd.revents & (libc::POLLERR | libc::POLLHUP) != 0 {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
+        wait_ms = (wait_ms * 2).min(50);
     }
 }

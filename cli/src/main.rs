@@ -1,8 +1,11 @@
 //! `walsink`: ship records exactly once, and inspect, verify and repair a log.
 //!
 //! Exit codes: 0 success; 1 a check found problems or an operation was refused; 2 usage or
-//! I/O errors (a directory that is not a log, a target that keeps failing). JSON goes to
-//! stdout, logs and progress to stderr.
+//! I/O errors (a directory that is not a log, a target that keeps failing, a line over
+//! `--max-record-bytes`); 3 `pipe` or `cdc` stopped gracefully by SIGINT or SIGTERM; 130 / 143
+//! a second signal stopped it at once; 141 `pipe --sink stdout` lost its reader before every
+//! record was printed. JSON goes to stdout (with `--json`, a failure is a JSON error object
+//! too, see [`error_json`]), logs and progress to stderr.
 
 /// `println!` that returns the write's error instead of panicking: a reader that went away
 /// (`walsink verify --json DIR | head`) ends the command quietly (see `is_broken_pipe`).
@@ -25,12 +28,14 @@ mod deliver;
 mod demo;
 #[cfg(feature = "cdc")]
 mod demo_cdc;
+mod logging;
 mod pipe;
 mod pipe_args;
 mod progress;
 mod repair;
 mod resume;
 mod source;
+mod stop;
 mod targets;
 mod tools;
 
@@ -47,12 +52,20 @@ use std::process::ExitCode;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log events (warnings of walsink and its targets) are written to stderr: `text`, one
+    /// readable line each, or `json`, one JSON object per line. Which events show is
+    /// RUST_LOG's choice (such as `info` or `walsink_nats=debug`); default `warn`.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: logging::LogFormat,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Ship newline-delimited records from a file through a log into a sink, exactly once
     /// across crashes: re-run with the same arguments to resume.
+    #[command(
+        after_long_help = "Exit codes: 0 done; 1 refused (another log's target, a changed input, a line the command refuses); 2 usage or I/O error, a line over --max-record-bytes, a target given up on; 3 stopped gracefully by SIGINT or SIGTERM; 130 / 143 a second SIGINT / SIGTERM ended it at once; 141 --sink stdout lost its reader before every record was printed."
+    )]
     Pipe(pipe_args::PipeArgs),
     /// Show a log's identity, segments, checkpoints and backlog.
     Inspect {
@@ -108,8 +121,42 @@ enum Command {
     Demo(demo::DemoArgs),
 }
 
+impl Command {
+    /// Whether the command was asked for JSON on stdout.
+    fn json(&self) -> bool {
+        match self {
+            Command::Pipe(a) => a.json,
+            Command::Inspect { json, .. }
+            | Command::Verify { json, .. }
+            | Command::Repair { json, .. } => *json,
+            Command::Dump(a) => a.json,
+            #[cfg(feature = "cdc")]
+            Command::Cdc(_) => false,
+            Command::Demo(_) => false,
+        }
+    }
+
+    /// Whether SIGINT and SIGTERM stop the command gracefully (see `stop`).
+    fn stops_gracefully(&self) -> bool {
+        match self {
+            Command::Pipe(_) => true,
+            #[cfg(feature = "cdc")]
+            Command::Cdc(_) => true,
+            _ => false,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    logging::init(cli.log_format);
+    if cli.command.stops_gracefully() {
+        if let Err(e) = stop::install() {
+            eprintln!("error: cannot handle SIGINT and SIGTERM: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let json = cli.command.json();
     let result = match cli.command {
         Command::Pipe(args) => pipe::run(args),
         Command::Inspect { dir, json, sink } => tools::inspect(&dir, json, sink.as_deref()),
@@ -129,21 +176,57 @@ fn main() -> ExitCode {
         Ok(code) => code,
         // The reader went away (`walsink dump DIR | head`): not an error.
         Err(e) if is_broken_pipe(&*e) => ExitCode::SUCCESS,
-        Err(e) if e.downcast_ref::<Refused>().is_some() => {
-            eprintln!("refused: {e}");
-            ExitCode::from(1)
-        }
         Err(e) => {
-            eprintln!("error: {}", explain(&*e));
+            let refused = e.downcast_ref::<Refused>().is_some();
+            let (code, kind) = if refused {
+                (1, "refused")
+            } else {
+                (2, "error")
+            };
+            let message = explain(&*e);
+            let mut causes = Vec::new();
             let mut source = e.source();
             while let Some(s) = source {
-                eprintln!("  caused by: {s}");
+                causes.push(s.to_string());
                 source = s.source();
             }
-            ExitCode::from(2)
+            eprintln!("{kind}: {message}");
+            for c in &causes {
+                eprintln!("  caused by: {c}");
+            }
+            if json && e.downcast_ref::<JsonShown>().is_none() {
+                let v = error_json(code, kind, &message, &causes);
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stdout().lock(), "{v}");
+            }
+            ExitCode::from(code)
         }
     }
 }
+
+/// What a command given `--json` prints on stdout when it fails, one JSON object of a stable
+/// shape: `{"outcome": "error", "exit_code": 1|2, "error": {"kind": "refused"|"error",
+/// "message": TEXT, "causes": [TEXT, ...]}}` (the same text as on stderr).
+fn error_json(code: u8, kind: &str, message: &str, causes: &[String]) -> serde_json::Value {
+    serde_json::json!({
+        "outcome": "error",
+        "exit_code": code,
+        "error": {"kind": kind, "message": message, "causes": causes},
+    })
+}
+
+/// A failure whose JSON object the command already printed (its summary carries the error):
+/// the message still goes to stderr, and no second object to stdout.
+#[derive(Debug)]
+pub struct JsonShown(pub String);
+
+impl std::fmt::Display for JsonShown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for JsonShown {}
 
 /// An error's message in the CLI's words: corruption advice names the command that fixes it.
 fn explain(e: &(dyn std::error::Error + 'static)) -> String {

@@ -9,10 +9,10 @@
 
 use crate::deliver::{self, Limits, StdoutSink, Stop, Watch, Watched};
 use crate::pipe_args::{absolute, check_log_dir, is_log, parse_sink, PipeArgs, SinkSpec};
-use crate::progress::{self, plural};
+use crate::progress::{plural, Reporter, Snapshot};
 use crate::resume::{self, PipeMeta};
 use crate::source::{InputSpec, Next, Saved, Source, SourceMark};
-use crate::{CliResult, Refused};
+use crate::{stop, CliResult, JsonShown, Refused};
 use serde_json::json;
 use std::path::Path;
 use std::process::ExitCode;
@@ -38,14 +38,29 @@ fn explain_open(e: walsink::Error, wal: &Path) -> Box<dyn std::error::Error> {
 /// A check of one input line; the message says why it is refused.
 pub(crate) type LineCheck = fn(&[u8]) -> Result<(), String>;
 
-/// What a command built on `pipe` (`walsink cdc --input`) changes: its own target instead of
-/// `--sink`'s, and a check of every line before it is shipped.
-#[derive(Default)]
+/// Exit code of `--sink stdout` whose reader left before every record was printed (128 +
+/// SIGPIPE, what a shell shows for `cat FILE | head` under `set -o pipefail`).
+pub const EXIT_STDOUT_CLOSED: u8 = 141;
+
+/// What a command built on `pipe` (`walsink cdc --input`) changes: its name in messages, its
+/// own target instead of `--sink`'s, and a check of every line before it is shipped.
 pub(crate) struct Hooks {
+    /// The command's name at the start of notices and progress lines.
+    pub name: &'static str,
     /// The target, in place of parsing `--sink`.
     pub target: Option<Box<dyn crate::targets::Target>>,
     /// Refuses a line (the message says why) before it goes into the log.
     pub check_line: Option<LineCheck>,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Hooks {
+            name: "pipe",
+            target: None,
+            check_line: None,
+        }
+    }
 }
 
 /// The state of one run between checkpoints.
@@ -68,6 +83,7 @@ struct Run<'a> {
     /// while that line waits for room. A checkpoint taken then (the budget cuts the epoch
     /// short, or the run stops) must not count the line: the log does not hold it.
     waiting: Option<SourceMark>,
+    progress: Reporter,
 }
 
 impl Run<'_> {
@@ -102,8 +118,18 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Whether the run must stop: the target is given up on, standard output is gone, or a
+    /// signal asked for it.
     fn stop(&self) -> Option<Stop> {
         deliver::check(&self.watch, self.limits, &self.target)
+            .or_else(|| stop::requested().map(Stop::Signal))
+    }
+
+    /// Brings the progress report up to date.
+    fn tick(&mut self) {
+        let (wal, source, read) = (self.wal, &self.source, self.appended);
+        self.progress
+            .tick(&self.watch, || snapshot(wal, source, read));
     }
 
     /// Appends one record; with a disk budget, waits (checkpointing what it has, so it can be
@@ -134,6 +160,7 @@ impl Run<'_> {
                     if let Some(stop) = self.stop() {
                         return Ok(Some(stop));
                     }
+                    self.tick();
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err(e) => return Err(e.into()),
@@ -151,10 +178,23 @@ impl Run<'_> {
         loop {
             // Only a disk budget can keep a line read but not shipped (it waits for room).
             let before = budget.then(|| self.source.mark());
-            let next = self
-                .source
-                .next_line(&mut line, max)
-                .map_err(|e| format!("cannot read --input {input}: {e}"))?;
+            let next = match self.source.next_line(&mut line, max) {
+                Ok(next) => next,
+                // Standard input saw a stop signal: every line it read was handed out.
+                Err(e) if stop::is_stopped(&e) => {
+                    return Ok((self.stop(), 0));
+                }
+                // Standard input has no data for now: what was read is made safe meanwhile.
+                Err(e) if stop::is_waiting(&e) => {
+                    self.checkpoint()?;
+                    if let Some(stop) = self.stop() {
+                        return Ok((Some(stop), 0));
+                    }
+                    self.tick();
+                    continue;
+                }
+                Err(e) => return Err(format!("cannot read --input {input}: {e}").into()),
+            };
             match next {
                 Next::Line => {}
                 Next::TooLong { line, offset } => {
@@ -175,6 +215,7 @@ impl Run<'_> {
                     if let Some(stop) = self.stop() {
                         return Ok((Some(stop), 0));
                     }
+                    self.tick();
                     self.source.check_followed()?;
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
@@ -200,11 +241,50 @@ impl Run<'_> {
             if due {
                 self.checkpoint()?;
             }
-            if (due || n.is_multiple_of(1024)) && self.stop().is_some() {
-                return Ok((self.stop(), 0));
+            // A signal is checked at every line (one atomic load): a stop reads nothing more.
+            if let Some(sig) = stop::requested() {
+                return Ok((Some(Stop::Signal(sig)), 0));
+            }
+            if due || n.is_multiple_of(1024) {
+                if let Some(stop) = self.stop() {
+                    return Ok((Some(stop), 0));
+                }
+                self.tick();
             }
         }
     }
+}
+
+/// Where the run stands, for the progress report.
+fn snapshot(wal: &WalSink, source: &Source, read: u64) -> Snapshot {
+    let h = wal.health();
+    Snapshot {
+        offset: source.offset(),
+        size: source.size(),
+        read,
+        delivered: h.delivered_records,
+        committed: h.committed,
+        backlog: h.backlog_records + h.open_records,
+    }
+}
+
+/// Stops the committer after the epoch in progress, waiting at most `limit` for it (`None`:
+/// as long as it takes). Returns whether it stopped; one that did not (a target that hangs)
+/// is left to end with the process, as a crash would: what it delivered and did not mark yet
+/// is delivered again by the next run, which every target absorbs (stdout prints it again).
+pub(crate) fn shutdown_within(committer: walsink::Committer, limit: Option<Duration>) -> bool {
+    let Some(limit) = limit else {
+        committer.shutdown();
+        return true;
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("walsink-stop".into())
+        .spawn(move || {
+            committer.shutdown();
+            let _ = tx.send(());
+        });
+    spawned.is_ok() && rx.recv_timeout(limit).is_ok()
 }
 
 /// Opens the input at the resume point, after checking that it is the input the log consumed.
@@ -344,9 +424,10 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
     )
     .map_err(Refused)?;
     let (source, path) = open_source(&input, &resume, &args)?;
+    let name = hooks.name;
     let notice = |s: String| {
         if !args.quiet {
-            eprintln!("{s}");
+            eprintln!("{name}: {s}");
         }
     };
     if let Some(torn) = &report.torn_tail {
@@ -372,7 +453,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         (_, None) => "the start of the input".to_string(),
     };
     if !matches!(resume.from, resume::From::Start) {
-        notice(format!("pipe: resuming after {resumed}"));
+        notice(format!("resuming after {resumed}"));
     }
     // This command coordinates its own checkpoints: every sealed one is complete.
     if let Some(&last) = report.pending.last() {
@@ -396,12 +477,13 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
     };
     let committer = wal.spawn_committer(sink)?;
     let start_offset = source.offset();
-    let pb = progress::bar(
-        source.size().unwrap_or(0),
+    let progress = Reporter::new(
+        name,
         args.quiet,
-        "{spinner} pipe [{bar:40}] {bytes}/{total_bytes} {msg}",
+        args.progress_interval,
+        source.size(),
+        start_offset,
     );
-    pb.set_position(start_offset);
     let mut run = Run {
         args: &args,
         check_line: hooks.check_line,
@@ -421,46 +503,79 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         },
         target: out_shown.clone(),
         waiting: None,
+        progress,
     };
     let (mut stop, partial) = run.read_input()?;
-    if stop.is_none() || stop == Some(Stop::StdoutClosed) {
-        // What was read is sealed: it stays in the log for the next run.
+    if !matches!(stop, Some(Stop::GaveUp(_))) {
+        // What was read is sealed: it is delivered now, or stays in the log for the next run.
         run.checkpoint()?;
     }
-    pb.set_position(run.source.offset());
-    pb.set_message("delivering");
-    let mut last_report = Instant::now();
-    if let (None, Some(last)) = (&stop, run.last_sealed) {
-        while !wal.wait_committed(last, Duration::from_millis(200)) {
-            if let Some(s) = run.stop() {
-                stop = Some(s);
+    run.progress.set_message("delivering");
+    // After a signal, delivery has --stop-timeout; otherwise it goes on until done or given up.
+    let mut deadline =
+        matches!(stop, Some(Stop::Signal(_))).then(|| Instant::now() + args.stop_timeout);
+    let mut timed_out = false;
+    let delivering = matches!(stop, None | Some(Stop::Signal(_)));
+    if let (true, Some(last)) = (delivering, run.last_sealed) {
+        while !wal.wait_committed(last, Duration::from_millis(100)) {
+            match deliver::check(&watch, run.limits, &run.target) {
+                Some(s) => {
+                    stop = Some(s);
+                    break;
+                }
+                None if stop.is_none() => {
+                    if let Some(sig) = stop::requested() {
+                        stop = Some(Stop::Signal(sig));
+                        deadline = Some(Instant::now() + args.stop_timeout);
+                    }
+                }
+                None => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                timed_out = true;
                 break;
             }
-            let w = watch.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(err) = &w.last_error {
-                if last_report.elapsed() > Duration::from_secs(5) {
-                    eprintln!("delivery is retrying (attempt {}): {err}", w.attempts);
-                    last_report = Instant::now();
-                }
-            }
+            run.tick();
         }
     }
-    committer.shutdown();
-    pb.finish_and_clear();
+    let limit = deadline.map(|d| {
+        d.saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(500))
+    });
+    let stopped = shutdown_within(committer, limit);
+    timed_out |= !stopped;
+    run.progress.finish();
     let h = wal.health();
     let committed = h.committed.or(report.committed).max(match resume.from {
         resume::From::Target(t) => Some(t),
         _ => None,
     });
     let committed_text = committed.map_or("none yet".to_string(), |c| c.to_string());
-    let outcome = match &stop {
-        None => "done",
-        Some(Stop::StdoutClosed) => "stdout_closed",
-        Some(Stop::GaveUp(_)) => "gave_up",
+    let (outcome, exit_code) = match &stop {
+        None => ("done", 0),
+        Some(Stop::Signal(_)) => ("stopped", stop::EXIT_STOPPED),
+        Some(Stop::StdoutClosed) => ("stdout_closed", EXIT_STDOUT_CLOSED),
+        Some(Stop::GaveUp(_)) => ("gave_up", 2),
+    };
+    let undelivered = h.backlog_records + h.open_records;
+    let gave_up = match &stop {
+        Some(Stop::GaveUp(msg)) => Some(format!(
+            "{msg}. The records stay in the log {wal_shown} (committed through checkpoint {committed_text}); fix the target and re-run the same command"
+        )),
+        _ => None,
     };
     if args.json {
         let v = json!({
             "outcome": outcome,
+            "exit_code": exit_code,
+            "signal": match &stop {
+                Some(Stop::Signal(sig)) => json!(sig.name()),
+                _ => json!(null),
+            },
+            "error": match &gave_up {
+                Some(msg) => json!({"kind": "gave_up", "message": msg, "causes": []}),
+                None => json!(null),
+            },
             "input": args.input.display().to_string(),
             "resumed_from": match resume.from {
                 resume::From::Start => json!({"from": "start", "offset": 0}),
@@ -473,6 +588,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
             "committed": committed,
             "epochs_delivered": h.delivered_epochs,
             "records_delivered": h.delivered_records,
+            "records_undelivered": undelivered,
             "wal": wal_shown,
             // A URL target as it shows itself: without its password or token.
             "sink": match &sink_spec {
@@ -490,20 +606,51 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         );
     }
     match stop {
-        Some(Stop::GaveUp(msg)) => Err(format!(
-            "{msg}. The records stay in the log {wal_shown} (committed through checkpoint {committed_text}); fix the target and re-run the same command"
-        )
-        .into()),
+        Some(Stop::GaveUp(_)) => {
+            let msg = gave_up.unwrap_or_default();
+            if args.json {
+                Err(JsonShown(msg).into())
+            } else {
+                Err(msg.into())
+            }
+        }
         Some(Stop::StdoutClosed) => {
-            notice(format!(
-                "pipe: standard output was closed; committed through checkpoint {committed_text}; the records not yet printed stay in the log {wal_shown} and a re-run prints them"
-            ));
-            Ok(ExitCode::SUCCESS)
+            // Not a notice: the exit code says something is left undone, so say what.
+            eprintln!(
+                "{name}: standard output was closed before every record was printed (exit {EXIT_STDOUT_CLOSED}); committed through checkpoint {committed_text}; the records of the epochs not read whole stay in the log {wal_shown}, and a re-run prints them from the first record of the epoch the reader left in"
+            );
+            Ok(ExitCode::from(EXIT_STDOUT_CLOSED))
+        }
+        Some(Stop::Signal(sig)) => {
+            let left = if undelivered == 0 {
+                "everything read is delivered".to_string()
+            } else if timed_out {
+                format!(
+                    "{} read but not delivered within --stop-timeout {} stay in the log and the next run delivers them",
+                    plural(undelivered, "record"),
+                    humantime::format_duration(args.stop_timeout)
+                )
+            } else {
+                format!(
+                    "{} stay in the log for the next run",
+                    plural(undelivered, "record")
+                )
+            };
+            if !args.json {
+                eprintln!(
+                    "{name}: stopped by {}: read {} in this run (input offset {}); {} delivered in this run; committed through checkpoint {committed_text}; {left}. Re-run the same command to resume",
+                    sig.name(),
+                    plural(run.appended, "record"),
+                    run.source.offset(),
+                    plural(h.delivered_epochs, "epoch"),
+                );
+            }
+            Ok(ExitCode::from(stop::EXIT_STOPPED))
         }
         None => {
             if !args.json {
                 notice(format!(
-                    "pipe: input consumed ({} bytes); committed through checkpoint {committed_text}; {} delivered in this run",
+                    "input consumed ({} bytes); committed through checkpoint {committed_text}; {} delivered in this run",
                     run.source.offset(),
                     plural(h.delivered_epochs, "epoch")
                 ));

@@ -16,12 +16,8 @@ pub struct PipeArgs {
     /// The log directory (created if missing or empty).
     #[arg(long)]
     pub wal: PathBuf,
-    /// Where to deliver. `dir:PATH`: one file per checkpoint, exactly-once, named
-    /// `{checkpoint:020}-{sink-id}-00000.txt` with one record per line, or `.bin` (each record
-    /// prefixed by its length, u32 little-endian) for a checkpoint holding a record that is
-    /// not UTF-8; a `.meta` file beside each holds its checkpoint metadata. `stdout`: one
-    /// line per record, at-least-once.
-    #[arg(long)]
+    /// Where to deliver: `dir:PATH`, `stdout`, or a target URL (all listed in --help).
+    #[arg(long, long_help = sink_help())]
     pub sink: String,
     /// Checkpoint after this many records.
     #[arg(long, default_value_t = 10_000)]
@@ -34,7 +30,8 @@ pub struct PipeArgs {
     pub sink_id: String,
     /// Keep reading the input file as it grows and across rotations (rename and create,
     /// copytruncate: see the README), checkpointing whenever it has read all there is; stop it
-    /// with a signal (the next run resumes after the last checkpoint).
+    /// with SIGINT or SIGTERM (graceful, exit 3, see --stop-timeout; the next run resumes after
+    /// the last checkpoint).
     #[arg(long)]
     pub follow: bool,
     /// The input file is complete: ship a last line that has no newline as a record. Without
@@ -57,12 +54,54 @@ pub struct PipeArgs {
     /// Give up when one checkpoint keeps failing, whatever the error, for this long.
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub retry_deadline: Duration,
-    /// Print the summary as JSON to stdout (not with --sink stdout).
+    /// On SIGINT or SIGTERM: stop reading, checkpoint what was read, and wait this long for
+    /// it to be delivered; then print the summary and exit 3 (what is not delivered by then
+    /// stays in the log for the next run). A second signal exits at once (130 / 143).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub stop_timeout: Duration,
+    /// When stderr is not a terminal, print a one-line progress report this often (on a
+    /// terminal a bar shows instead). A failing delivery is reported when it starts failing
+    /// and then once per interval while it lasts.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub progress_interval: Duration,
+    /// Print the summary as JSON to stdout (not with --sink stdout); a failed run prints an
+    /// error object instead (`{"outcome": "error", "exit_code", "error": {...}}`).
     #[arg(long)]
     pub json: bool,
     /// No progress output and no notices (errors are still printed).
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// The long help of `--sink`: every target this build knows, URL schemes included.
+fn sink_help() -> String {
+    let mut h = String::from(
+        "Where to deliver.\n\n\
+         dir:PATH: one file per checkpoint, exactly-once, named \
+         `{checkpoint:020}-{sink-id}-00000.txt` with one record per line, or `.bin` (each record \
+         prefixed by its length, u32 little-endian) for a checkpoint holding a record that is \
+         not UTF-8; a `.meta` file beside each holds its checkpoint metadata.\n\n\
+         stdout: one line per record, at-least-once; an epoch counts as delivered once a pipe's \
+         reader took all of it (a reader that leaves mid-epoch: exit 141, and the next run prints \
+         that epoch again from its first record).",
+    );
+    for scheme in crate::targets::schemes() {
+        let form = match scheme {
+            "postgres" => "postgres://USER@HOST:PORT/DB?table=NAME[&mode=2pc] (also postgresql://): exactly-once, rows and marker in one transaction",
+            "http" => "http://HOST:PORT/PATH[?max_records=N&max_bytes=B&timeout=5s]: exactly-once for a receiver that deduplicates by Idempotency-Key",
+            "https" => "https://HOST:PORT/PATH[?…]: as http://, over TLS",
+            "redis" => "redis://HOST:PORT/DB?key=NAME&mode=list|stream|hash: exactly-once inside Redis",
+            "nats" => "nats://HOST:PORT/?stream=NAME&subject=SUBJECT: exactly-once within the stream's duplicate window",
+            _ => "",
+        };
+        h.push_str("\n\n");
+        if form.is_empty() {
+            h.push_str(&format!("{scheme}://…"));
+        } else {
+            h.push_str(form);
+        }
+    }
+    h
 }
 
 /// Parses a duration with its unit: `500ms`, `2s`, `1m`, `1h`, `1h 30m`.

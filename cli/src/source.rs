@@ -135,7 +135,7 @@ impl Open {
 }
 
 enum Input {
-    Stdin(std::io::Stdin),
+    Stdin(crate::stop::StdinReader),
     File(Open),
 }
 
@@ -415,7 +415,9 @@ impl Source {
             lines,
             head: Vec::new(),
         };
-        let mut src = Source::over(Input::Stdin(std::io::stdin()), None, offset, p);
+        // Polled, so that a stop signal is seen while no line arrives (crate::stop).
+        let stdin = Input::Stdin(crate::stop::StdinReader::new());
+        let mut src = Source::over(stdin, None, offset, p);
         // A stream that ended is complete: its last line is a record.
         src.ship_final_line = true;
         src

@@ -332,3 +332,75 @@ fn inspect_reads_a_cdc_logs_markers_from_its_target() {
             .unwrap()
     });
 }
+
+/// `cdc --input` speaks as `cdc` (not `pipe`) in its notices, on a first run, a resume and a
+/// graceful stop of a `--follow` run by SIGTERM (exit 3).
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+fn cdc_input_names_itself_in_its_messages() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let schema = format!("cdc_name_{}_{:x}", std::process::id(), fastrand::u32(..));
+    let (lines, _) = stream(3, 300);
+    let inp = d.path().join("events.jsonl");
+    std::fs::write(&inp, lines.join("\n") + "\n").unwrap();
+    rt.block_on(async {
+        client()
+            .await
+            .batch_execute(&format!(
+                "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v text, n int);"
+            ))
+            .await
+            .unwrap();
+    });
+    let sink = format!("{SHARED}?schema={schema}");
+    let wal = d.path().join("wal");
+    let args = [
+        "cdc",
+        "--input",
+        s(&inp),
+        "--wal",
+        s(&wal),
+        "--sink",
+        &sink,
+        "--checkpoint-every",
+        "100",
+    ];
+    let first = walsink(&args);
+    let second = walsink(&args);
+    // With --follow, a signal stops it gracefully, and it says so as cdc.
+    let mut follow: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    follow.push("--follow".into());
+    let mut child = spawn_piped(&follow, &[]);
+    let err = collect_stderr(&mut child);
+    assert!(
+        wait_for_line(&err, "cdc: resuming after", Duration::from_secs(20)),
+        "{:?}",
+        err.lock().unwrap()
+    );
+    signal(&child, "TERM");
+    let st = wait_exit(&mut child, Duration::from_secs(30), "cdc --follow stop");
+    std::thread::sleep(Duration::from_millis(50));
+    let stopped = err.lock().unwrap().join("\n");
+    rt.block_on(async {
+        let _ = client()
+            .await
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await;
+    });
+    for (o, says) in [
+        (&first, "cdc: input consumed"),
+        (&second, "cdc: resuming after"),
+    ] {
+        let err = stderr(o);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        assert!(err.contains(says), "{err}");
+        assert!(!err.contains("pipe:"), "cdc speaks as pipe: {err}");
+    }
+    assert_eq!(st.code(), Some(3), "{stopped}");
+    assert!(stopped.contains("cdc: stopped by SIGTERM"), "{stopped}");
+    assert!(!stopped.contains("pipe:"), "{stopped}");
+}

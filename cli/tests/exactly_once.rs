@@ -281,7 +281,8 @@ fn a_closed_stdout_ends_the_pipe_and_the_records_stay_in_the_log() {
         );
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert!(status.success());
+    // 141: the reader left before every record was printed (README, exit codes).
+    assert_eq!(status.code(), Some(141));
     let mut err = String::new();
     child
         .stderr

@@ -160,3 +160,92 @@ fn a_missing_stream_ends_the_run_and_keeps_the_records() {
     assert_eq!(got, lines("m", 0, 200));
     delete_stream(&stream);
 }
+
+/// The warning docs/targets/nats.md promises for an epoch older than the stream's duplicate
+/// window shows on stderr, as text by default and as a JSON object with `--log-format json`.
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local NATS with JetStream"
+)]
+fn an_epoch_older_than_the_duplicate_window_is_warned_about_in_text_and_json() {
+    for fmt in ["text", "json"] {
+        let d = tempfile::tempdir().unwrap();
+        let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
+        write_lines(&inp, &lines("w", 0, 20));
+        let u = unique("cli_window");
+        let (stream, subject) = (format!("WALSINK_TEST_{u}"), format!("walsink-test.{u}"));
+        let sink = format!("nats://127.0.0.1:4222/?stream={stream}&subject={subject}");
+        // A following run delivers the first lines; then the stream is deleted and more
+        // lines come: their epoch fails, the run gives up, and the epoch stays in the log.
+        create_stream(&stream, &subject);
+        let args = pipe_args_to(
+            &inp,
+            &wal,
+            &sink,
+            &[
+                "--quiet",
+                "--max-retries",
+                "0",
+                "--follow",
+                "--checkpoint-interval",
+                "50ms",
+            ],
+        );
+        let mut child = spawn_piped(&args, &[]);
+        let t = std::time::Instant::now();
+        while read_stream(&stream).len() < 20 && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(read_stream(&stream).len(), 20, "the first lines arrive");
+        delete_stream(&stream);
+        let mut f = std::fs::OpenOptions::new().append(true).open(&inp).unwrap();
+        std::io::Write::write_all(&mut f, b"late 1\nlate 2\n").unwrap();
+        let st = wait_exit(
+            &mut child,
+            Duration::from_secs(30),
+            "run into a deleted stream",
+        );
+        assert_eq!(st.code(), Some(2));
+        std::thread::sleep(Duration::from_millis(1500));
+        rt().block_on(async {
+            js().await
+                .create_stream(jetstream::stream::Config {
+                    name: stream.clone(),
+                    subjects: vec![subject.clone()],
+                    duplicate_window: Duration::from_secs(1),
+                    ..Default::default()
+                })
+                .await
+                .expect("create the stream");
+        });
+        let mut args = pipe_args_to(&inp, &wal, &sink, &["--quiet"]);
+        args.extend(["--log-format".into(), fmt.into()]);
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_walsink"))
+            .args(&args)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        delete_stream(&stream);
+        let err = stderr(&o);
+        assert!(o.status.success(), "{err}");
+        let needle = "older than the stream's duplicate window";
+        if fmt == "text" {
+            let line = err.lines().find(|l| l.contains(needle));
+            let line = line.unwrap_or_else(|| panic!("no warning: {err}"));
+            assert!(line.contains("WARN") && line.contains(&stream), "{line}");
+        } else {
+            let v = err
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|v| {
+                    v["fields"]["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains(needle))
+                })
+                .unwrap_or_else(|| panic!("no JSON warning: {err}"));
+            assert_eq!(v["level"], "WARN", "{v}");
+            assert_eq!(v["fields"]["stream"], stream.as_str(), "{v}");
+        }
+    }
+}

@@ -979,7 +979,7 @@ fn cli_pipe_kill_truncate_tail_repair_resume_exactly_once() {
     exactly_once(&out, &expect).unwrap();
 }
 
-/// `--sink stdout` whose reader goes away (`| head`): exit 0, and the next run prints the
+/// `--sink stdout` whose reader goes away (`| head`): exit 141, and the next run prints the
 /// records not yet printed (nothing lost beyond what was already written into the pipe).
 #[test]
 fn cli_pipe_stdout_reader_goes_away_then_rerun_loses_nothing() {
@@ -1035,7 +1035,7 @@ fn cli_pipe_stdout_reader_goes_away_then_rerun_loses_nothing() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let st = st.expect("pipe did not end after its stdout reader went away");
-    assert_eq!(st.code(), Some(0), "exit after reader went away");
+    assert_eq!(st.code(), Some(141), "exit after reader went away");
     let r = run_with(&args, None, Duration::from_secs(60));
     assert_eq!(r.code, Some(0), "{}", r.err);
     let mut seen: std::collections::BTreeSet<String> = first

@@ -164,3 +164,75 @@ pub fn segments(wal: &Path) -> Vec<PathBuf> {
     v.sort();
     v
 }
+
+/// Sends `sig` (`INT`, `TERM`) to a running child with kill(1).
+pub fn signal(child: &Child, sig: &str) {
+    let st = Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(st.success(), "kill -{sig} failed");
+}
+
+/// Waits up to `limit` for the child to end; kills it (and fails) when it does not.
+pub fn wait_exit(child: &mut Child, limit: Duration, what: &str) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if t.elapsed() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Collects a child's stderr on a thread, line by line, for [`wait_for_line`] and the end.
+pub fn collect_stderr(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use std::io::BufRead;
+    let err = child.stderr.take().expect("stderr piped");
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let l2 = lines.clone();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines() {
+            match line {
+                Ok(l) => l2.lock().unwrap().push(l),
+                Err(_) => break,
+            }
+        }
+    });
+    lines
+}
+
+/// Waits up to `limit` for a collected stderr line containing `needle`.
+pub fn wait_for_line(lines: &std::sync::Mutex<Vec<String>>, needle: &str, limit: Duration) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if lines.lock().unwrap().iter().any(|l| l.contains(needle)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+/// A loopback port with nothing listening on it (bound, then released).
+pub fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Spawns the binary with stdin null, stdout and stderr piped, and `env` set.
+pub fn spawn_piped(args: &[String], env: &[(&str, &str)]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_walsink"))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn walsink")
+}

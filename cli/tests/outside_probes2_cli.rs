@@ -112,30 +112,6 @@ fn a_long_line_is_named_by_its_own_line_number() {
     assert_eq!(records(&out), want);
 }
 
-/// A loopback HTTP server answering every request `503 Service Unavailable` (for 60 s at
-/// most); returns its port.
-fn unavailable_receiver() -> u16 {
-    use std::io::{Read, Write};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(mut c) = c else { continue };
-            let _ = c.set_read_timeout(Some(std::time::Duration::from_millis(200)));
-            let mut buf = [0u8; 65536];
-            let _ = c.read(&mut buf);
-            let _ = c.write_all(
-                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-            );
-            if std::time::Instant::now() > until {
-                break;
-            }
-        }
-    });
-    port
-}
-
 /// Records kept in the log by a failed run, then a re-run with a smaller
 /// `--max-record-bytes`: every record delivered once, or a refusal; never a silent loss.
 #[test]
@@ -148,7 +124,7 @@ fn a_smaller_record_limit_on_rerun_never_loses_logged_records() {
     let wal = dir.path().join("wal");
     // A receiver that answers every request 503: the run gives up, the records stay in the
     // log.
-    let port = unavailable_receiver();
+    let port = unavailable_http_port();
     let o = run(&pipe_args_to(
         &input,
         &wal,

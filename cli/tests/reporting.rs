@@ -51,7 +51,7 @@ fn progress_lines_on_a_non_terminal_stderr_and_quiet_silences_them() {
     }
 }
 
-/// A target that refuses connections: a line says delivery is failing (class, attempt,
+/// A target that answers every request 503: a line says delivery is failing (class, attempt,
 /// message) while it retries, without the URL's password; the run gives up after
 /// `--retry-deadline` with exit 2.
 #[test]
@@ -59,7 +59,10 @@ fn a_failing_target_shows_a_retry_line_without_its_password() {
     let d = tempfile::tempdir().unwrap();
     let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
     write_lines(&inp, &lines("r", 0, 50));
-    let sink = format!("http://walsink:s3cr3tpw@127.0.0.1:{}/in", closed_port());
+    let sink = format!(
+        "http://walsink:s3cr3tpw@127.0.0.1:{}/in",
+        unavailable_http_port()
+    );
     let args = pipe_args_to(&inp, &wal, &sink, &["--retry-deadline", "3s"]);
     let o = walsink(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let err = stderr(&o);
@@ -80,7 +83,7 @@ fn warnings_show_as_text_or_json_and_rust_log_filters_them() {
     let d = tempfile::tempdir().unwrap();
     let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
     write_lines(&inp, &lines("w", 0, 10));
-    let sink = format!("http://127.0.0.1:{}/in", closed_port());
+    let sink = format!("http://127.0.0.1:{}/in", unavailable_http_port());
     let run = |fmt: &str, rust_log: Option<&str>| {
         let mut args = pipe_args_to(&inp, &wal, &sink, &["--retry-deadline", "1s", "--quiet"]);
         args.extend(["--log-format".to_string(), fmt.to_string()]);
@@ -161,7 +164,7 @@ fn failed_json_runs_print_an_error_object() {
     assert_eq!(v["error"]["kind"], "refused", "{v}");
     // Given up: the summary is the one object, with its error.
     let wal2 = d.path().join("wal2");
-    let sink = format!("http://127.0.0.1:{}/in", closed_port());
+    let sink = format!("http://127.0.0.1:{}/in", unavailable_http_port());
     let args = pipe_args_to(&inp, &wal2, &sink, &["--json", "--retry-deadline", "1s"]);
     let o = walsink(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));

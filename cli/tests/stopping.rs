@@ -160,7 +160,7 @@ fn the_stop_waits_stop_timeout_and_a_second_signal_ends_it_at_once() {
     let d = tempfile::tempdir().unwrap();
     let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
     write_lines(&inp, &lines("t", 0, 100));
-    let sink = format!("http://127.0.0.1:{}/in", closed_port());
+    let sink = format!("http://127.0.0.1:{}/in", unavailable_http_port());
     for (second, code) in [(None, 3), (Some("INT"), 130), (Some("TERM"), 143)] {
         let timeout = if second.is_some() { "60s" } else { "1s" };
         let args = pipe_args_to(&inp, &wal, &sink, &["--stop-timeout", timeout]);

@@ -219,10 +219,25 @@ pub fn wait_for_line(lines: &std::sync::Mutex<Vec<String>>, needle: &str, limit:
     false
 }
 
-/// A loopback port with nothing listening on it (bound, then released).
-pub fn closed_port() -> u16 {
+/// A loopback HTTP server that answers every request, the start-up check's `HEAD` included,
+/// `503 Service Unavailable`: a target that is there but keeps failing (retryable). It runs
+/// until the test process ends; returns its port.
+pub fn unavailable_http_port() -> u16 {
+    use std::io::{Read, Write};
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { continue };
+            let _ = c.set_read_timeout(Some(Duration::from_millis(200)));
+            let mut buf = [0u8; 65536];
+            let _ = c.read(&mut buf);
+            let _ = c.write_all(
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            );
+        }
+    });
+    port
 }
 
 /// Spawns the binary with stdin null, stdout and stderr piped, and `env` set.

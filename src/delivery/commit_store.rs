@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::log::format;
-use crate::log::layout::{self, COMMIT_FILE};
+use crate::log::layout::COMMIT_FILE;
 use crate::storage::{self, Storage};
 use std::sync::Arc;
 
@@ -72,7 +72,10 @@ impl LocalCommitStore {
 
     /// Reads the mark from disk (no cache).
     pub(crate) fn read(storage: &dyn Storage) -> Result<Option<u64>> {
-        Ok(layout::read_small_file(storage, COMMIT_FILE, format::decode_commit)?.flatten())
+        Ok(
+            crate::log::files::read_small_file(storage, COMMIT_FILE, format::decode_commit)?
+                .flatten(),
+        )
     }
 }
 
@@ -95,13 +98,13 @@ impl CommitStore for LocalCommitStore {
         let data = format::encode_commit(Some(checkpoint));
         let st = &*self.storage;
         let mut released = false;
-        match storage::replace_file(st, COMMIT_FILE, &data) {
+        match crate::log::files::replace(st, COMMIT_FILE, &data) {
             // The disk is full: the reserve kept room for this record, which lets delivery
             // free the segments that fill it.
             Err(e) if storage::reserve::is_full(&e) && storage::reserve::release(st) => {
                 released = true;
                 self.reserved = false;
-                storage::replace_file(st, COMMIT_FILE, &data)
+                crate::log::files::replace(st, COMMIT_FILE, &data)
             }
             r => r,
         }

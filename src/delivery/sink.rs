@@ -1,7 +1,12 @@
 //! The [`Sink`] trait: where the committer delivers sealed, completed epochs.
 
+use crate::buffer_pool::BufferPool;
+use crate::delivery::catalog::EpochInfo;
+use crate::error::Result;
 use crate::error::SinkError;
-use crate::log::reader::{Cursor, RawChunk, Reader};
+use crate::log::format::{self, Position};
+use crate::log::reader::{read_pool, Barrier, Cursor, Extent, RawChunk, Reader, CHUNK};
+use crate::storage::Storage;
 use bytes::Bytes;
 use std::sync::Arc;
 
@@ -410,5 +415,80 @@ impl<S: Sink + ?Sized> Sink for Box<S> {
     }
     fn is_committed(&mut self, key: &EpochKey) -> Result<bool, SinkError> {
         (**self).is_committed(key)
+    }
+}
+
+/// Sealed epoch `e` of the log in `storage`, ready for a sink: read and verified whole now when
+/// it fits in one chunk, read chunk by chunk as it is iterated otherwise.
+pub(crate) fn load_epoch(
+    storage: &Arc<dyn Storage>,
+    pool: &Arc<BufferPool>,
+    chunk: usize,
+    e: &EpochInfo,
+    key: EpochKey,
+) -> Result<Epoch> {
+    let reader = Arc::new(Reader::new(
+        storage.clone(),
+        pool.clone(),
+        Extent {
+            start: e.start,
+            stop: e.barrier,
+            barrier: Some(Barrier {
+                id: e.id,
+                records: e.records,
+                frame_size: format::frame_size(format::BARRIER_FIXED_LEN + e.metadata.len()),
+            }),
+            chunk,
+        },
+    ));
+    // Frames take at most a header and 7 bytes of padding more than their payload.
+    let span = e.bytes.saturating_add(
+        e.records
+            .saturating_mul((format::FRAME_HEADER_LEN + 7) as u64),
+    );
+    let loaded = if span <= chunk as u64 {
+        Some(reader.read_all()?)
+    } else {
+        None
+    };
+    Ok(Epoch {
+        key,
+        timestamp_ms: e.timestamp_ms,
+        metadata: e.metadata.clone(),
+        records: e.records,
+        bytes: e.bytes,
+        reader,
+        loaded,
+    })
+}
+
+/// The unsealed records between `start` and `stop` (`records` of them, `bytes` of payload, as
+/// a scan counted them), as an epoch without a checkpoint: its key's checkpoint is `u64::MAX`.
+pub(crate) fn load_tail(
+    storage: &Arc<dyn Storage>,
+    start: Position,
+    stop: Position,
+    records: u64,
+    bytes: u64,
+    key: EpochKey,
+) -> Epoch {
+    let reader = Arc::new(Reader::new(
+        storage.clone(),
+        read_pool(),
+        Extent {
+            start,
+            stop,
+            barrier: None,
+            chunk: CHUNK,
+        },
+    ));
+    Epoch {
+        key,
+        timestamp_ms: 0,
+        metadata: Bytes::new(),
+        records,
+        bytes,
+        reader,
+        loaded: None,
     }
 }

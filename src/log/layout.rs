@@ -1,9 +1,6 @@
 //! One home for what a log directory holds: the names of its files and the format's size
-//! limits (`docs/design.md`, "Directory layout"), and the one reader of the identity file.
-
-use crate::error::{CorruptionReason, Error, ErrorKind, Result};
-use crate::log::format;
-use crate::storage::{self, Storage};
+//! limits (`docs/design.md`, "Directory layout"). Pure: reading and writing those files goes
+//! through `log::files`.
 
 /// The identity file: sink id and subtask.
 pub const IDENTITY_FILE: &str = "WALSINK";
@@ -12,7 +9,7 @@ pub const COMMIT_FILE: &str = "COMMITTED";
 /// The lock file, held while a handle is open.
 pub const LOCK_FILE: &str = "LOCK";
 /// Room kept for the commit mark on a full disk: zeros, removed to make the mark that lets
-/// delivery free segments (see [`crate::storage::reserve`]).
+/// delivery free segments (see `storage::reserve`).
 pub const RESERVE_FILE: &str = "RESERVE";
 /// Extension of a segment.
 pub(crate) const SEGMENT_EXT: &str = "wseg";
@@ -63,44 +60,6 @@ pub fn set_aside_name(name: &str, taken: impl Fn(&str) -> bool) -> String {
 /// The segment number a set-aside or temporary file name starts with, if any.
 pub(crate) fn leading_seq(name: &str) -> Option<u64> {
     name.get(..20).and_then(|d| d.parse().ok())
-}
-
-/// Reads the identity file: `Ok(None)` when there is none; an unreadable one is corruption
-/// (or an unknown version).
-pub(crate) fn read_identity(storage: &dyn Storage) -> Result<Option<(String, u32)>> {
-    read_small_file(storage, IDENTITY_FILE, format::decode_identity)
-}
-
-/// Reads and decodes the small checksummed file `name` (identity, commit mark): `Ok(None)`
-/// when it is not there; one that does not decode is corruption naming it, or an unknown
-/// version.
-pub(crate) fn read_small_file<T>(
-    storage: &dyn Storage,
-    name: &str,
-    decode: impl FnOnce(&[u8]) -> std::result::Result<T, format::HeaderError>,
-) -> Result<Option<T>> {
-    let names = storage
-        .list()
-        .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
-    if !names.iter().any(|n| n == name) {
-        return Ok(None);
-    }
-    let bytes = storage
-        .open(name)
-        .and_then(|f| storage::read_all(&*f))
-        .map_err(|e| Error::io(format!("read {name}"), e))?;
-    match decode(&bytes) {
-        Ok(v) => Ok(Some(v)),
-        Err(format::HeaderError::Version(found)) => Err(ErrorKind::UnsupportedVersion {
-            file: name.into(),
-            found,
-            supported: format::FORMAT_VERSION,
-        }
-        .into()),
-        Err(format::HeaderError::Bad) => {
-            Err(Error::corruption(name, 0, CorruptionReason::BadHeader))
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The log itself: the on-disk format, segments and how they are written, scanning and
 //! recovering a directory, reading epochs back, and the read-only checks (`verify`, `dump`).
 
+pub(crate) mod files;
 pub mod format;
 pub(crate) mod halves;
 pub(crate) mod layout;

@@ -205,7 +205,7 @@ pub fn verify(storage: &dyn Storage) -> Result<VerifyReport> {
 
 fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
     let mut r = VerifyReport::default();
-    match layout::read_identity(storage) {
+    match crate::log::files::read_identity(storage) {
         Ok(Some(id)) => r.identity = Some(id),
         Ok(None) => r.problems.push(problem(
             IDENTITY_FILE,
@@ -393,7 +393,7 @@ pub fn dump(
     storage
         .list()
         .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
-    let identity = layout::read_identity(storage).ok().flatten();
+    let identity = crate::log::files::read_identity(storage).ok().flatten();
     let (sink_id, subtask) = identity.unwrap_or_else(|| ("unknown".into(), 0));
     let sink_id: std::sync::Arc<str> = sink_id.into();
     let mut attempt = 0;
@@ -443,10 +443,12 @@ pub fn dump(
                     .flatten()
                     .is_some_and(|c| c >= id)
         };
-        let epoch = match reader::load_epoch(&storage_arc, &pool, reader::CHUNK, &info, key) {
-            Err(e) if freed_meanwhile(&e) => continue,
-            other => other?,
-        };
+        let epoch =
+            match crate::delivery::sink::load_epoch(&storage_arc, &pool, reader::CHUNK, &info, key)
+            {
+                Err(e) if freed_meanwhile(&e) => continue,
+                other => other?,
+            };
         let state = if committed.is_some_and(|c| e.info.id <= c) {
             DumpState::Committed
         } else if voided.contains(&e.info.id) {
@@ -477,7 +479,7 @@ pub fn dump(
             subtask,
             checkpoint: u64::MAX,
         };
-        let tail = reader::load_tail(
+        let tail = crate::delivery::sink::load_tail(
             &storage_arc,
             scan.cut,
             scan.valid_end,
@@ -676,7 +678,7 @@ mod tests {
                 let f = fs.open(name)?;
                 if name == format::segment_name(1) && opens.fetch_add(1, Ordering::SeqCst) == 1 {
                     if let Some(m) = mark {
-                        crate::storage::replace_file(
+                        crate::log::files::replace(
                             fs,
                             layout::COMMIT_FILE,
                             &format::encode_commit(Some(m)),

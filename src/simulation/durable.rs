@@ -6,7 +6,7 @@
 //! The model is per record: each record carries a counter, records are written in counter
 //! order, and a sync that returned `Ok` makes every record written before it durable.
 
-use super::{RunStats, SimFailure};
+use super::workload::{crash_options, RunStats, SimFailure};
 use crate::storage::{CrashOptions, FaultOp, SimStorage};
 use crate::{DurablePoint, MemorySink, Mode, Options, WalSink};
 use std::collections::BTreeSet;
@@ -249,7 +249,7 @@ impl DurableRun {
     /// or the machine loses power, and the log is opened again.
     fn crash(&mut self, process_only: bool) -> Result<(), SimFailure> {
         self.wal = None;
-        let how = super::crash_options(process_only, self.poisoned, &mut self.rng);
+        let how = crash_options(process_only, self.poisoned, &mut self.rng);
         self.sim.crash(how);
         self.stats.crashes += 1;
         self.maybe.extend(self.written.drain(..));

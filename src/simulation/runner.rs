@@ -1,7 +1,7 @@
 //! The workload runner: drives one log through a list of [`Op`]s on a simulated disk and
 //! checks every reopen and delivery against the [`Model`] of what the contract promises.
 
-use super::{Op, RunStats, SimFailure};
+use super::workload::{crash_options, Op, RunStats, SimFailure};
 use crate::storage::{CrashOptions, FaultOp, SimStorage};
 use crate::{
     Epoch, EpochKey, ErrorKind, MemoryCommitStore, MemorySink, Options, RecoveryMode,
@@ -542,7 +542,7 @@ impl Run {
     /// Power loss after a failed sync (or a kill): the disk a restart sees.
     fn crash(&mut self, process_only: bool) {
         self.wal = None;
-        let how = super::crash_options(process_only, self.poisoned, &mut self.rng);
+        let how = crash_options(process_only, self.poisoned, &mut self.rng);
         self.sim.crash(how);
         if let Some(t) = &self.target {
             // The same machine: the target's disk loses power (or its process dies) too.
@@ -874,5 +874,11 @@ impl Run {
                 }
             }
         }
+    }
+}
+
+impl From<SimFailure> for Halt {
+    fn from(f: SimFailure) -> Self {
+        Halt::Violation(f)
     }
 }

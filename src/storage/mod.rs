@@ -143,14 +143,19 @@ pub(crate) fn read_all(file: &dyn StorageFile) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// Replaces `name` atomically with `data`: write a temporary file, sync it, rename it over
-/// `name`, sync the directory. Two data/dir syncs; a crash leaves either the old or the new file.
-pub(crate) fn replace_file(storage: &dyn Storage, name: &str, data: &[u8]) -> io::Result<()> {
-    let tmp = format!("{name}{}", crate::log::layout::TMP_SUFFIX);
-    let f = storage.create(&tmp)?;
+/// Replaces `name` atomically with `data`: write the temporary file `tmp`, sync it, rename
+/// it over `name`, sync the directory. Two data/dir syncs; a crash leaves either the old or
+/// the new file (and perhaps `tmp`, for its owner to recognise).
+pub(crate) fn replace_file(
+    storage: &dyn Storage,
+    name: &str,
+    tmp: &str,
+    data: &[u8],
+) -> io::Result<()> {
+    let f = storage.create(tmp)?;
     f.write_at(0, data)?;
     f.sync_data()?;
     drop(f);
-    storage.rename(&tmp, name)?;
+    storage.rename(tmp, name)?;
     storage.sync_dir()
 }

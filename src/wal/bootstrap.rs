@@ -4,10 +4,10 @@
 use crate::config::Options;
 use crate::error::{CorruptionReason, Error, ErrorKind, Result};
 use crate::log::format::{self, FrameKind, Position};
-use crate::log::layout::{self, IDENTITY_FILE, LOCK_FILE};
+use crate::log::layout::{IDENTITY_FILE, LOCK_FILE};
 use crate::log::recover::RecoveryReport;
 use crate::log::segment::SegmentWriter;
-use crate::storage::{self, Storage};
+use crate::storage::Storage;
 
 /// Takes the directory lock. A lock released a moment ago can still look held while a child
 /// process forked by any thread has not yet exec'd (it shares the lock file's description), so
@@ -39,7 +39,7 @@ pub(super) fn check_identity(storage: &dyn Storage, options: &Options) -> Result
         .list()
         .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
     let given = format!("{}/{}", options.sink_id, options.subtask);
-    if let Some((id, subtask)) = layout::read_identity(storage)? {
+    if let Some((id, subtask)) = crate::log::files::read_identity(storage)? {
         if id != options.sink_id || subtask != options.subtask {
             return Err(ErrorKind::IdentityMismatch {
                 stored: format!("{id}/{subtask}"),
@@ -66,7 +66,7 @@ pub(super) fn check_identity(storage: &dyn Storage, options: &Options) -> Result
         }
         .into());
     }
-    storage::replace_file(
+    crate::log::files::replace(
         storage,
         IDENTITY_FILE,
         &format::encode_identity(&options.sink_id, options.subtask),

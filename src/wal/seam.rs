@@ -5,7 +5,6 @@ use super::Shared;
 use crate::delivery::catalog::EpochInfo;
 use crate::delivery::deliverer::Delivery;
 use crate::error::{Error, Result};
-use crate::log::reader;
 use crate::{Epoch, EpochKey, RetryPolicy};
 use parking_lot::MutexGuard;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,7 +62,7 @@ impl Shared {
 
     /// Epoch `e`, ready for a sink (read whole now, or chunk by chunk as it is iterated).
     pub(crate) fn read_epoch(&self, e: &EpochInfo) -> Result<Epoch> {
-        reader::load_epoch(
+        crate::delivery::sink::load_epoch(
             &self.storage,
             &self.read_pool,
             self.opts.read_chunk_size,

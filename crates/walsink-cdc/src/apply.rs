@@ -1096,7 +1096,7 @@ fn statement_sql(schema: &str, target: &Target, shape: Shape, columns: &[String]
             .iter()
             .map(|c| match &target.kinds.get(c) {
                 Some(ColumnKind::Json(ty)) => {
-                    format!("(e->'r'->>{})::jsonb::{ty} AS {}, ", literal(c), ident(c))
+                    format!("(e->'r'->>{})::{ty} AS {}, ", literal(c), ident(c))
                 }
                 _ => format!("r.{}, ", ident(c)),
             })

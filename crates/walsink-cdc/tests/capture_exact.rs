@@ -480,7 +480,7 @@ async fn dropped_captures_and_sinks_under_random_changes_end_exact() {
     let source_url =
         format!(r#"{url}?slot=t_slot&tables="MixedCase",plain&snapshot_rows=9&read_changes=40"#);
     let sink_cfg = Config::from_url(&format!("{url}?schema=replica")).unwrap();
-    let mut dml = |rng: &mut fastrand::Rng| {
+    let dml = |rng: &mut fastrand::Rng| {
         let mut sql = String::new();
         let txns = rng.usize(1..4);
         for _ in 0..txns {

@@ -512,7 +512,11 @@ impl Capture {
     }
 
     /// `CREATE TABLE IF NOT EXISTS` statements for the target schema, from the source
-    /// tables' columns, types, `NOT NULL`s and primary keys.
+    /// tables' columns, types, `NOT NULL`s, stored generated columns (`GENERATED ALWAYS AS
+    /// (expression) STORED`, the expression from `pg_get_expr`) and primary keys; and for
+    /// each generated column a check that refuses (SQLSTATE 42P16, naming the table and the
+    /// column) a replica table that was there already with the column plain or missing: the
+    /// change stream does not carry a generated column's values, so it would go stale.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads; call it again.
@@ -677,12 +681,23 @@ impl Capture {
     }
 
     /// Reads the next snapshot page (`op: r` events) after `pos`, or the stream's next
-    /// transactions once the snapshot is done.
+    /// transactions once the snapshot is done. A batch with [`Batch::changes`] holds a
+    /// schema change the replica follows: run each change's [`SchemaChange::ddl`] on the
+    /// target once everything read before is committed, then seal the batch (its events, if
+    /// any, need the change first).
+    ///
+    /// # Errors
+    /// [`CaptureError::Decode`] naming the table and the column or change when a table's
+    /// columns changed in a way the replica cannot follow (a type, a rename, an order, a
+    /// dropped key column, a renamed table, a table not in `tables=`); the transactions
+    /// before it were returned by the calls before. [`CaptureError::State`] for a column
+    /// added with a default, or a changed `tables=` ([`Capture::check_resume`]).
     ///
     /// # Cancel safety
     /// Cancel safe: it reads (the slot is peeked, never consumed, and a snapshot page is a
     /// query); call it again with the same position.
     pub async fn next(&mut self, pos: &SourcePos) -> Result<Batch, CaptureError> {
+        self.check_resume(pos)?;
         match &pos.snapshot {
             Some(s) => self.snapshot_page(pos, s.clone()).await,
             None => self.changes(pos).await,

@@ -12,7 +12,7 @@
 //! read by the server with the column's own JSON type's input (`json` keeps the text exactly:
 //! its spacing, key order and duplicate keys; `jsonb` normalizes it as `jsonb` does), so
 //! `"null"` is JSON `null`, and text that is not JSON is refused; any other JSON value is
-//! taken as itself, and `null` gives SQL `NULL`.
+//! taken as itself (written as `jsonb` writes it), and `null` gives SQL `NULL`.
 //! Array and composite columns are the exception: `jsonb_populate_record` turns a JSON array
 //! or object into them, which text input cannot, so a statement touching one goes through
 //! JSON instead ([`ColumnKind::ViaJson`]); its `json` and `jsonb` columns are read from their
@@ -93,12 +93,18 @@ impl ColumnKind {
 }
 
 /// The JSON text a `json` or `jsonb` column gets for `v`: a string is JSON text already
-/// (Debezium's encoding), any other value is written as JSON; `null` is SQL `NULL`.
+/// (Debezium's encoding), kept exactly; any other value was parsed already (its spacing,
+/// key order and duplicate keys are gone), so it is written as `jsonb` writes it, as
+/// `jsonb_populate_record` would ([`jsonb_text`]); `null` is SQL `NULL`.
 pub(crate) fn json_text(v: &Value) -> Option<String> {
     match v {
         Value::Null => None,
         Value::String(s) => Some(s.clone()),
-        other => Some(other.to_string()),
+        other => {
+            let mut out = String::new();
+            jsonb_text(other, &mut out);
+            Some(out)
+        }
     }
 }
 
@@ -276,7 +282,7 @@ mod tests {
         assert_eq!(j.text(Some(&json!("null"))), Some("null".into()));
         assert_eq!(
             j.text(Some(&json!({"a": [1, null]}))),
-            Some("{\"a\":[1,null]}".into())
+            Some("{\"a\": [1, null]}".into())
         );
         assert_eq!(j.text(Some(&Value::Null)), None);
         assert_eq!(j.cast().as_deref(), Some("jsonb::jsonb"));

@@ -237,7 +237,7 @@ async fn column_types_hold_what_jsonb_populate_record_makes_of_the_image() {
             ),
             (
                 "\"text in jsonb\"".to_string(),
-                "{\"o\":1}".to_string(),
+                "{\"o\": 1}".to_string(),
                 "null".to_string(),
                 false
             ),

@@ -330,6 +330,9 @@ fn run_source(
                 ))
                 .into());
             }
+            capture
+                .check_resume(&p)
+                .map_err(|e| format!("--source: {e}"))?;
             notice(format!("cdc: resuming after {from}"));
             p
         }
@@ -401,6 +404,33 @@ fn run_source(
         let batch = rt
             .block_on(capture.next(&pos))
             .map_err(|e| format!("--source: {e}"))?;
+        if !batch.changes.is_empty() {
+            // A schema change the replica follows: once everything read before it is
+            // committed (a dropped column may be in those events), before anything after it.
+            if let Some(last) = last_sealed {
+                while !wal.wait_committed(last, Duration::from_millis(200)) {
+                    if let Some(s) = deliver::check(&watch, limits, &target_shown) {
+                        stop = Some(s);
+                        break;
+                    }
+                }
+            }
+            if stop.is_some() {
+                break;
+            }
+            let ddl: Vec<String> = batch
+                .changes
+                .iter()
+                .flat_map(|c| c.ddl(&config.schema))
+                .collect();
+            let mut ddl_sink = rt
+                .block_on(CdcSink::connect(config.clone()))
+                .map_err(|e| format!("cannot use the target {target_shown}: {e}"))?;
+            rt.block_on(ddl_sink.execute(&ddl)).map_err(|e| {
+                format!("cannot follow the source's schema change in {target_shown}: {e}")
+            })?;
+            notice(format!("cdc: followed a schema change: {}", ddl.join("; ")));
+        }
         let progressed = batch.pos != pos;
         if progressed {
             events += batch.events.len() as u64;

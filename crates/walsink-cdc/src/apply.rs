@@ -718,9 +718,18 @@ async fn table_meta(
         return Ok(());
     }
     let qualified = qualified();
+    // The table may have gained the column since its metadata was read (`walsink cdc
+    // --source` adds a column the source added, on a connection of its own): read it again.
+    if let Some(fresh) = load_meta(tx, schema, &ev.table, due).await? {
+        tables.insert(ev.table.clone(), fresh);
+    }
+    let meta = &tables[&ev.table].meta;
     let missing: Vec<String> = image
         .map(|r| meta.missing(r).into_iter().map(str::to_string).collect())
         .unwrap_or_default();
+    if missing.is_empty() {
+        return Ok(());
+    }
     if !add_missing {
         return Err(SinkError::permanent(format!(
             "table {qualified} has no column {:?} ({}); add the column, or set add_missing_columns=true on the sink",
@@ -1096,7 +1105,7 @@ fn statement_sql(schema: &str, target: &Target, shape: Shape, columns: &[String]
             .iter()
             .map(|c| match &target.kinds.get(c) {
                 Some(ColumnKind::Json(ty)) => {
-                    format!("(e->'r'->>{})::jsonb::{ty} AS {}, ", literal(c), ident(c))
+                    format!("(e->'r'->>{})::{ty} AS {}, ", literal(c), ident(c))
                 }
                 _ => format!("r.{}, ", ident(c)),
             })

@@ -26,6 +26,7 @@
 use crate::config::{ident, PgUrl};
 use crate::event::{format_lsn, to_json as event_json, Event, Op, Row};
 use crate::pgoutput::{self, Message, Relation};
+pub use crate::shape::{AddedColumn, SchemaChange, ShapeColumn, TableShape};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -60,6 +61,11 @@ pub enum CaptureError {
     },
 }
 
+/// `s` as an SQL string literal.
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
 fn server(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> CaptureError {
     let what = what.into();
     move |source| CaptureError::Server { what, source }
@@ -75,14 +81,17 @@ pub struct TableRef {
 }
 
 impl TableRef {
-    fn qualified(&self) -> String {
+    /// `"schema"."name"`, quoted.
+    pub fn qualified(&self) -> String {
         format!("{}.{}", ident(&self.schema), ident(&self.name))
     }
 }
 
 /// The source's configuration, from `postgres://USER@HOST:PORT/DB?slot=NAME&tables=a,b`.
 ///
-/// Parameters: `slot` (replication slot, required), `tables` (comma-separated, required),
+/// Parameters: `slot` (replication slot, required), `tables` (comma-separated, required;
+/// a name that is not all lower-case letters, digits and `_` in double quotes, as in SQL:
+/// `tables="MixedCase",sales."order items"`),
 /// `publication` (default: the slot's name), `snapshot_rows` (rows per snapshot page, default
 /// 5000), `read_changes` (changes per read, default 20000), `drop_slot_on_new` (drop a slot of
 /// that name that no checkpoint knows instead of refusing, default false).
@@ -108,6 +117,42 @@ fn name_ok(s: &str) -> bool {
         && !s.as_bytes()[0].is_ascii_digit()
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// Splits `s` at each `sep` outside double quotes.
+fn split_names(s: &str, sep: char) -> Result<Vec<String>, String> {
+    let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+    for ch in s.chars() {
+        if ch == '"' {
+            quoted = !quoted;
+        }
+        if ch == sep && !quoted {
+            out.push(std::mem::take(&mut cur));
+        } else {
+            cur.push(ch);
+        }
+    }
+    if quoted {
+        return Err(format!(
+            "parameter tables: {s:?} has an unclosed double quote"
+        ));
+    }
+    out.push(cur);
+    Ok(out)
+}
+
+/// One part of a table name: `"Exact Name"` (with `""` for a quote) as written, or a plain
+/// name of lower-case letters, digits and `_` (what PostgreSQL folds an unquoted name to).
+fn table_name(p: &str) -> Option<String> {
+    let p = p.trim();
+    if let Some(inner) = p.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+        let name = inner.replace("\"\"", "\"");
+        let ok = !name.is_empty()
+            && name.len() <= 63
+            && inner.replace("\"\"", "").chars().all(|c| c != '"');
+        return ok.then_some(name);
+    }
+    name_ok(p).then(|| p.to_string())
 }
 
 impl SourceConfig {
@@ -136,17 +181,24 @@ impl SourceConfig {
                     }
                 }
                 "tables" => {
-                    for t in v.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-                        let (schema, name) = t.split_once('.').unwrap_or(("public", t));
-                        if !name_ok(schema) || !name_ok(name) {
-                            return Err(CaptureError::Config(format!(
-                                "parameter tables: {t:?} is not `table` or `schema.table` of lower-case letters, digits or _"
-                            )));
-                        }
-                        tables.push(TableRef {
-                            schema: schema.into(),
-                            name: name.into(),
-                        });
+                    for t in split_names(v, ',')
+                        .map_err(CaptureError::Config)?
+                        .iter()
+                        .map(|t| t.trim())
+                        .filter(|t| !t.is_empty())
+                    {
+                        let parts = split_names(t, '.').map_err(CaptureError::Config)?;
+                        let parsed: Option<Vec<String>> = parts.iter().map(|p| table_name(p)).collect();
+                        let (schema, name) = match parsed.as_deref() {
+                            Some([name]) => ("public".to_string(), name.clone()),
+                            Some([schema, name]) => (schema.clone(), name.clone()),
+                            _ => {
+                                return Err(CaptureError::Config(format!(
+                                    "parameter tables: {t:?} is not `table` or `schema.table`, each name of lower-case letters, digits or _, or in double quotes (\"MixedCase\", \"with space\")"
+                                )))
+                            }
+                        };
+                        tables.push(TableRef { schema, name });
                     }
                 }
                 "snapshot_rows" => snapshot_rows = count(k, v)?,
@@ -210,6 +262,65 @@ pub struct SourcePos {
     pub end_lsn: u64,
     /// Events emitted through this position.
     pub events: u64,
+    /// The tables this pipeline captures, as `tables=` named them when it started (empty in
+    /// metadata written before this was kept). A run with other tables is refused
+    /// ([`Capture::check_resume`]).
+    #[serde(default)]
+    pub tables: Vec<TableRef>,
+    /// Each captured table's columns as the replica holds them after the last transaction
+    /// taken: what the stream's relation messages are compared with, to find schema changes
+    /// (empty in metadata written before this was kept: then the source's catalog at connect).
+    #[serde(default)]
+    pub shapes: Vec<TableShape>,
+}
+
+/// The shapes of the tables during one transaction taken.
+struct TxnShapes {
+    /// As the rows now come.
+    cur: Vec<TableShape>,
+    /// As the replica will hold them after the transaction: columns added, none dropped.
+    persisted: Vec<TableShape>,
+    /// Relations whose current description was checked.
+    synced: std::collections::HashSet<u32>,
+    /// Relations with a change in the transaction so far.
+    rows_seen: std::collections::HashSet<u32>,
+    /// Columns added in the transaction.
+    adds: Vec<SchemaChange>,
+}
+
+impl TxnShapes {
+    fn new(shapes: &[TableShape]) -> TxnShapes {
+        TxnShapes {
+            cur: shapes.to_vec(),
+            persisted: shapes.to_vec(),
+            synced: Default::default(),
+            rows_seen: Default::default(),
+            adds: Vec::new(),
+        }
+    }
+}
+
+/// The outcome of checking a relation's columns.
+enum Synced {
+    /// Followed (or nothing changed).
+    Yes,
+    /// Columns dropped before the table's first change in the transaction: dropped from the
+    /// replica first, in a batch of its own.
+    DropFirst(SchemaChange),
+}
+
+impl Batch {
+    /// The batch that only drops `ch`'s columns, at `pos` (nothing read after it).
+    fn drop_first(mut pos: SourcePos, ch: SchemaChange) -> Batch {
+        if let Some(s) = pos.shapes.iter_mut().find(|s| s.table == ch.table) {
+            *s = ch.shape.clone();
+        }
+        Batch {
+            events: Vec::new(),
+            pos,
+            changes: vec![ch],
+        }
+    }
 }
 
 /// A batch of events read from the source, and where the source stands after it.
@@ -219,6 +330,9 @@ pub struct Batch {
     pub events: Vec<Vec<u8>>,
     /// The position after these events.
     pub pos: SourcePos,
+    /// Schema changes to apply to the replica before going on (the batch then holds no
+    /// events): see [`SchemaChange`].
+    pub changes: Vec<SchemaChange>,
 }
 
 /// A table's columns (name, type OID) and its key columns.
@@ -231,6 +345,8 @@ pub struct Capture {
     relations: HashMap<u32, Relation>,
     /// Per table: columns with types, key columns.
     columns: HashMap<(String, String), TableColumns>,
+    /// The tables' shapes from the catalog at connect: for a position that holds none.
+    shapes: Vec<TableShape>,
 }
 
 impl std::fmt::Debug for Capture {
@@ -264,26 +380,43 @@ impl Capture {
                 tracing::debug!(error = %e, "cdc source connection ended");
             }
         });
+        // Before anything is read or created anywhere: without logical decoding nothing
+        // here can work, and the caller has created nothing yet.
+        let level: String = client
+            .query_one("SHOW wal_level", &[])
+            .await
+            .map_err(server("read wal_level"))?
+            .get(0);
+        if level != "logical" {
+            return Err(CaptureError::State(format!(
+                "the source {} runs wal_level={level}; logical decoding needs wal_level=logical (set it and restart the server); nothing was created",
+                cfg.url.shown()
+            )));
+        }
         let mut c = Capture {
             cfg,
             client,
             relations: HashMap::new(),
             columns: HashMap::new(),
+            shapes: Vec::new(),
         };
         for t in c.cfg.tables.clone() {
+            // Stored generated columns are left out: the change stream does not carry them
+            // (PostgreSQL 15), and the replica computes them itself (see `target_ddl`).
             let cols = c
                 .client
                 .query(
-                    "SELECT a.attname::text, a.atttypid::int8 FROM pg_attribute a WHERE a.attrelid = to_regclass($1) \
-                     AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+                    "SELECT a.attname::text, a.atttypid::int8, a.atttypmod, c.oid::int8 FROM pg_attribute a \
+                     JOIN pg_class c ON c.oid = a.attrelid WHERE a.attrelid = to_regclass($1) \
+                     AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum",
                     &[&t.qualified()],
                 )
                 .await
                 .map_err(server(format!("read the columns of {}", t.qualified())))?;
             if cols.is_empty() {
                 return Err(CaptureError::State(format!(
-                    "source table {}.{} does not exist",
-                    t.schema, t.name
+                    "source table {} does not exist (a name that is not all lower case goes in double quotes in tables=)",
+                    t.qualified()
                 )));
             }
             let key = c
@@ -297,21 +430,80 @@ impl Capture {
                 .map_err(server("read the primary key"))?;
             if key.is_empty() {
                 return Err(CaptureError::State(format!(
-                    "source table {}.{} has no primary key; changes are captured and applied by primary key",
-                    t.schema, t.name
+                    "source table {} has no primary key; changes are captured and applied by primary key \
+                     (a table without one, even with REPLICA IDENTITY FULL, is refused: rows that are \
+                     equal in every column could not be told apart); add a primary key or leave the table out of tables=",
+                    t.qualified()
                 )));
             }
+            let key: Vec<String> = key.iter().map(|r| r.get(0)).collect();
+            c.shapes.push(TableShape {
+                oid: cols[0].get::<_, i64>(3) as u32,
+                table: t.clone(),
+                columns: cols
+                    .iter()
+                    .map(|r| {
+                        let name: String = r.get(0);
+                        ShapeColumn {
+                            key: key.contains(&name),
+                            name,
+                            type_oid: r.get::<_, i64>(1) as u32,
+                            typmod: r.get(2),
+                        }
+                    })
+                    .collect(),
+            });
             c.columns.insert(
                 (t.schema.clone(), t.name.clone()),
                 (
                     cols.iter()
                         .map(|r| (r.get(0), r.get::<_, i64>(1) as u32))
                         .collect(),
-                    key.iter().map(|r| r.get(0)).collect(),
+                    key,
                 ),
             );
         }
         Ok(c)
+    }
+
+    /// Refuses to go on from `pos` with other tables than those it was started with: a table
+    /// added to `tables=` would never be in the publication nor the snapshot (its replica
+    /// would stay empty), and a table left out would go on arriving through the publication.
+    ///
+    /// # Errors
+    /// [`CaptureError::State`] naming the tables added and removed, and what to do.
+    pub fn check_resume(&self, pos: &SourcePos) -> Result<(), CaptureError> {
+        if pos.tables.is_empty() || pos.tables == self.cfg.tables {
+            return Ok(());
+        }
+        let names = |a: &[TableRef], b: &[TableRef]| {
+            a.iter()
+                .filter(|t| !b.contains(t))
+                .map(TableRef::qualified)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (added, removed) = (
+            names(&self.cfg.tables, &pos.tables),
+            names(&pos.tables, &self.cfg.tables),
+        );
+        let mut what = Vec::new();
+        if !added.is_empty() {
+            what.push(format!("adds {added}"));
+        }
+        if !removed.is_empty() {
+            what.push(format!("removes {removed}"));
+        }
+        if what.is_empty() {
+            what.push("orders the tables differently".to_string());
+        }
+        Err(CaptureError::State(format!(
+            "tables= {} of the tables this pipeline (slot {}) was started with ({}); a pipeline's tables cannot change: \
+             give the same tables=, or capture other tables with a pipeline of their own (another slot, --wal and schema or --sink-id)",
+            what.join(" and "),
+            self.cfg.slot,
+            pos.tables.iter().map(TableRef::qualified).collect::<Vec<_>>().join(", ")
+        )))
     }
 
     /// The configuration.
@@ -320,7 +512,11 @@ impl Capture {
     }
 
     /// `CREATE TABLE IF NOT EXISTS` statements for the target schema, from the source
-    /// tables' columns, types, `NOT NULL`s and primary keys.
+    /// tables' columns, types, `NOT NULL`s, stored generated columns (`GENERATED ALWAYS AS
+    /// (expression) STORED`, the expression from `pg_get_expr`) and primary keys; and for
+    /// each generated column a check that refuses (SQLSTATE 42P16, naming the table and the
+    /// column) a replica table that was there already with the column plain or missing: the
+    /// change stream does not carry a generated column's values, so it would go stale.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads; call it again.
@@ -330,7 +526,9 @@ impl Capture {
             let rows = self
                 .client
                 .query(
-                    "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull FROM pg_attribute a \
+                    "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull, \
+                       CASE WHEN a.attgenerated = 's' THEN pg_get_expr(d.adbin, d.adrelid) END \
+                     FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
                      WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
                     &[&t.qualified()],
                 )
@@ -340,7 +538,14 @@ impl Capture {
                 .iter()
                 .map(|r| {
                     let nn = if r.get::<_, bool>(2) { " NOT NULL" } else { "" };
-                    format!("{} {}{nn}", ident(r.get(0)), r.get::<_, String>(1))
+                    let generated = r.get::<_, Option<String>>(3).map_or(String::new(), |e| {
+                        format!(" GENERATED ALWAYS AS ({e}) STORED")
+                    });
+                    format!(
+                        "{} {}{generated}{nn}",
+                        ident(r.get(0)),
+                        r.get::<_, String>(1)
+                    )
                 })
                 .collect();
             let key = &self.columns[&(t.schema.clone(), t.name.clone())].1;
@@ -348,12 +553,37 @@ impl Capture {
                 "PRIMARY KEY ({})",
                 key.iter().map(|k| ident(k)).collect::<Vec<_>>().join(", ")
             ));
+            let replica = format!("{}.{}", ident(target_schema), ident(&t.name));
             out.push(format!(
-                "CREATE TABLE IF NOT EXISTS {}.{} ({})",
-                ident(target_schema),
-                ident(&t.name),
+                "CREATE TABLE IF NOT EXISTS {replica} ({})",
                 cols.join(", ")
             ));
+            // A replica table that was there already must compute the source's stored
+            // generated columns too: the stream does not carry their values, so a plain
+            // column would stay NULL or stale.
+            for r in rows
+                .iter()
+                .filter(|r| r.get::<_, Option<String>>(3).is_some())
+            {
+                let c: String = r.get(0);
+                let msg = format!(
+                    "replica table {replica} has no stored generated column {} while the source's {}.{} is GENERATED ALWAYS AS ({}) STORED: \
+                     the change stream does not carry its values, so the replica would go stale; \
+                     make the replica's column generated the same way (or drop the replica table to let walsink create it)",
+                    ident(&c),
+                    t.qualified(),
+                    ident(&c),
+                    r.get::<_, String>(3)
+                );
+                out.push(format!(
+                    "DO $walsink$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass({}) \
+                     AND attname = {} AND NOT attisdropped AND attgenerated = 's') THEN \
+                     RAISE EXCEPTION USING MESSAGE = {}, ERRCODE = '42P16'; END IF; END $walsink$",
+                    literal(&replica),
+                    literal(&c),
+                    literal(&msg.replace("$walsink$", "$ walsink $"))
+                ));
+            }
         }
         Ok(out)
     }
@@ -395,17 +625,6 @@ impl Capture {
     /// If dropped, the publication or the slot may already exist; both are created only when
     /// missing, so call it again.
     pub async fn start(&mut self) -> Result<SourcePos, CaptureError> {
-        let level: String = self
-            .client
-            .query_one("SHOW wal_level", &[])
-            .await
-            .map_err(server("read wal_level"))?
-            .get(0);
-        if level != "logical" {
-            return Err(CaptureError::State(format!(
-                "the source runs wal_level={level}; logical decoding needs wal_level=logical (a server restart)"
-            )));
-        }
         let exists = self
             .client
             .query_opt(
@@ -456,16 +675,29 @@ impl Capture {
             commit_lsn: 0,
             end_lsn: 0,
             events: 0,
+            tables: self.cfg.tables.clone(),
+            shapes: self.shapes.clone(),
         })
     }
 
     /// Reads the next snapshot page (`op: r` events) after `pos`, or the stream's next
-    /// transactions once the snapshot is done.
+    /// transactions once the snapshot is done. A batch with [`Batch::changes`] holds a
+    /// schema change the replica follows: run each change's [`SchemaChange::ddl`] on the
+    /// target once everything read before is committed, then seal the batch (its events, if
+    /// any, need the change first).
+    ///
+    /// # Errors
+    /// [`CaptureError::Decode`] naming the table and the column or change when a table's
+    /// columns changed in a way the replica cannot follow (a type, a rename, an order, a
+    /// dropped key column, a renamed table, a table not in `tables=`); the transactions
+    /// before it were returned by the calls before. [`CaptureError::State`] for a column
+    /// added with a default, or a changed `tables=` ([`Capture::check_resume`]).
     ///
     /// # Cancel safety
     /// Cancel safe: it reads (the slot is peeked, never consumed, and a snapshot page is a
     /// query); call it again with the same position.
     pub async fn next(&mut self, pos: &SourcePos) -> Result<Batch, CaptureError> {
+        self.check_resume(pos)?;
         match &pos.snapshot {
             Some(s) => self.snapshot_page(pos, s.clone()).await,
             None => self.changes(pos).await,
@@ -483,6 +715,7 @@ impl Capture {
             return Ok(Batch {
                 events: Vec::new(),
                 pos: next,
+                changes: Vec::new(),
             });
         };
         let (cols, key) = self.columns[&(t.schema.clone(), t.name.clone())].clone();
@@ -566,7 +799,11 @@ impl Capture {
                 after: last,
             })
         };
-        Ok(Batch { events, pos: next })
+        Ok(Batch {
+            events,
+            pos: next,
+            changes: Vec::new(),
+        })
     }
 
     /// The stream's transactions after `pos`, whole, up to about `read_changes` changes.
@@ -586,10 +823,24 @@ impl Capture {
             .await
             .map_err(server(format!("read the replication slot {}", self.cfg.slot)))?;
             let n = rows.len() as i64;
-            let batch = self.decode(pos, &rows)?;
+            let mut batch = self.decode(pos, &rows)?;
+            for change in &mut batch.changes {
+                for c in &mut change.added {
+                    c.sql_type = self
+                        .client
+                        .query_one(
+                            "SELECT format_type($1::int8::oid, $2)",
+                            &[&(c.type_oid as i64), &c.typmod],
+                        )
+                        .await
+                        .map_err(server("read the type of an added column"))?
+                        .get(0);
+                }
+                self.check_added(change).await?;
+            }
             // Only transactions taken already, and the read was cut by the limit: the target
             // lags behind the reader, so read further.
-            if batch.pos.commit_lsn == pos.commit_lsn && n >= limit {
+            if batch.changes.is_empty() && batch.pos.commit_lsn == pos.commit_lsn && n >= limit {
                 limit = limit.saturating_mul(2);
                 continue;
             }
@@ -603,10 +854,17 @@ impl Capture {
         rows: &[tokio_postgres::Row],
     ) -> Result<Batch, CaptureError> {
         let mut next = pos.clone();
+        if next.shapes.is_empty() {
+            next.shapes = self.shapes.clone();
+        }
+        if next.tables.is_empty() {
+            next.tables = self.cfg.tables.clone();
+        }
         let mut events = Vec::new();
         let mut txn: Option<(u64, u32, Vec<Vec<u8>>)> = None; // (commit lsn, xid, events)
+        let mut shapes: Option<TxnShapes> = None; // of the transaction taken
         let ts = now_ms();
-        for r in rows {
+        'rows: for r in rows {
             let lsn_text: String = r.get(0);
             let lsn = crate::event::parse_lsn(&lsn_text).unwrap_or(0);
             let data: Vec<u8> = r.get(1);
@@ -646,39 +904,112 @@ impl Capture {
                 Message::Begin { final_lsn, xid } => {
                     // Transactions taken already are skipped whole.
                     txn = (final_lsn > pos.commit_lsn).then_some((final_lsn, xid, Vec::new()));
+                    shapes = txn.is_some().then(|| TxnShapes::new(&next.shapes));
                 }
                 Message::Commit {
                     commit_lsn,
                     end_lsn,
                 } => {
                     if let Some((_, _, evs)) = txn.take() {
+                        let st = shapes.take().expect("set at Begin");
+                        if !st.adds.is_empty() && !events.is_empty() {
+                            // Columns added in this transaction: it goes in a batch of its
+                            // own, after the columns are added.
+                            break;
+                        }
                         events.extend(evs);
                         next.commit_lsn = commit_lsn;
                         next.end_lsn = end_lsn;
+                        if !st.adds.is_empty() {
+                            next.shapes = st.persisted;
+                            next.events += events.len() as u64;
+                            return Ok(Batch {
+                                events,
+                                pos: next,
+                                changes: st.adds,
+                            });
+                        }
                     }
                 }
                 Message::Relation(rel) => {
+                    if let Some(st) = shapes.as_mut() {
+                        st.synced.remove(&rel.id);
+                    }
                     self.relations.insert(rel.id, rel);
                 }
                 Message::Insert { rel, new } => {
                     let rel = change(rel, &self.relations)?;
+                    if let Some(st) = shapes.as_mut() {
+                        match self.sync(st, &rel) {
+                            Ok(Synced::Yes) => {}
+                            _ if !events.is_empty() => break,
+                            Ok(Synced::DropFirst(ch)) => return Ok(Batch::drop_first(next, ch)),
+                            Err(error) => {
+                                return Err(CaptureError::Decode {
+                                    lsn: lsn_text.clone(),
+                                    error,
+                                })
+                            }
+                        }
+                    }
                     let after = pgoutput::row(&rel, &new, false);
                     push(&mut txn, &rel, Op::Create, None, Some(after));
                 }
                 Message::Update { rel, old, new } => {
                     let rel = change(rel, &self.relations)?;
+                    if let Some(st) = shapes.as_mut() {
+                        match self.sync(st, &rel) {
+                            Ok(Synced::Yes) => {}
+                            _ if !events.is_empty() => break,
+                            Ok(Synced::DropFirst(ch)) => return Ok(Batch::drop_first(next, ch)),
+                            Err(error) => {
+                                return Err(CaptureError::Decode {
+                                    lsn: lsn_text.clone(),
+                                    error,
+                                })
+                            }
+                        }
+                    }
                     let before = old.map(|(key_only, t)| pgoutput::row(&rel, &t, key_only));
                     let after = pgoutput::row(&rel, &new, false);
                     push(&mut txn, &rel, Op::Update, before, Some(after));
                 }
                 Message::Delete { rel, key_only, old } => {
                     let rel = change(rel, &self.relations)?;
+                    if let Some(st) = shapes.as_mut() {
+                        match self.sync(st, &rel) {
+                            Ok(Synced::Yes) => {}
+                            _ if !events.is_empty() => break,
+                            Ok(Synced::DropFirst(ch)) => return Ok(Batch::drop_first(next, ch)),
+                            Err(error) => {
+                                return Err(CaptureError::Decode {
+                                    lsn: lsn_text.clone(),
+                                    error,
+                                })
+                            }
+                        }
+                    }
                     let before = pgoutput::row(&rel, &old, key_only);
                     push(&mut txn, &rel, Op::Delete, Some(before), None);
                 }
                 Message::Truncate { rels } => {
                     for id in rels {
                         let rel = change(id, &self.relations)?;
+                        if let Some(st) = shapes.as_mut() {
+                            match self.sync(st, &rel) {
+                                Ok(Synced::Yes) => {}
+                                _ if !events.is_empty() => break 'rows,
+                                Ok(Synced::DropFirst(ch)) => {
+                                    return Ok(Batch::drop_first(next, ch))
+                                }
+                                Err(error) => {
+                                    return Err(CaptureError::Decode {
+                                        lsn: lsn_text.clone(),
+                                        error,
+                                    })
+                                }
+                            }
+                        }
                         push(&mut txn, &rel, Op::Truncate, None, None);
                     }
                 }
@@ -686,7 +1017,104 @@ impl Capture {
             }
         }
         next.events += events.len() as u64;
-        Ok(Batch { events, pos: next })
+        Ok(Batch {
+            events,
+            pos: next,
+            changes: Vec::new(),
+        })
+    }
+
+    /// Refuses an added column whose existing rows got a value the stream does not carry:
+    /// one added with a default (the source fills its existing rows with it, and no change of
+    /// theirs is logged), as the source's catalog says now.
+    async fn check_added(&self, change: &SchemaChange) -> Result<(), CaptureError> {
+        let q = change.table.qualified();
+        for c in &change.added {
+            let row = self
+                .client
+                .query_opt(
+                    "SELECT a.atthasmissing OR d.adbin IS NOT NULL FROM pg_attribute a \
+                     LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
+                     WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped",
+                    &[&q, &c.name],
+                )
+                .await
+                .map_err(server(format!("read the column {} of {q}", ident(&c.name))))?;
+            // A column gone from the catalog again was dropped since: the replica drops it too.
+            if row.is_some_and(|r| r.get::<_, bool>(0)) {
+                return Err(CaptureError::State(format!(
+                    "column {} was added to source table {q} with a default: the rows it \
+                     already had got that value, which the change stream does not carry, so the replica cannot \
+                     follow it; nothing after it is applied. Re-create the replica (a new slot, --wal and schema) to go on",
+                    ident(&c.name)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the columns a change of `rel` in the transaction taken comes with against the
+    /// shapes of `st` (see [`crate::shape::compare`]): the same, columns added (the replica
+    /// gets them before the transaction), columns dropped before the table's first change in
+    /// the transaction (the replica drops them on its own before it), or dropped later in it
+    /// (the replica keeps them until the next transaction that changes the table).
+    fn sync(&self, st: &mut TxnShapes, rel: &Relation) -> Result<Synced, String> {
+        if st.synced.contains(&rel.id) {
+            return Ok(Synced::Yes);
+        }
+        let find = |shapes: &[TableShape]| {
+            shapes.iter().position(|s| s.oid == rel.id).or_else(|| {
+                shapes
+                    .iter()
+                    .position(|s| s.table.schema == rel.schema && s.table.name == rel.name)
+            })
+        };
+        let Some(i) = find(&st.cur) else {
+            return Err(self.not_captured(rel));
+        };
+        let first = st.rows_seen.insert(rel.id);
+        st.synced.insert(rel.id);
+        let Some(mut ch) = crate::shape::compare(&st.cur[i], rel)? else {
+            return Ok(Synced::Yes);
+        };
+        if first && ch.added.is_empty() {
+            return Ok(Synced::DropFirst(ch));
+        }
+        let kept = &mut st.persisted[i];
+        for c in &ch.added {
+            if kept.columns.iter().any(|k| k.name == c.name) {
+                return Err(format!(
+                    "column {} of source table {} was dropped and added again before the replica dropped it: \
+                     the replica cannot follow it; nothing after it is applied. Re-create the replica (a new slot, --wal and schema) to go on",
+                    ident(&c.name),
+                    ch.table.qualified()
+                ));
+            }
+            kept.columns.push(ShapeColumn {
+                name: c.name.clone(),
+                type_oid: c.type_oid,
+                typmod: c.typmod,
+                key: false,
+            });
+        }
+        st.cur[i] = ch.shape.clone();
+        if !ch.added.is_empty() {
+            ch.dropped.clear();
+            ch.shape = kept.clone();
+            st.adds.push(ch);
+        }
+        Ok(Synced::Yes)
+    }
+
+    /// The error for a change of a relation that is none of the captured tables.
+    fn not_captured(&self, rel: &Relation) -> String {
+        format!(
+            "the stream holds changes of {}.{}, which is not in tables= (added to publication {}, or a captured table renamed?); \
+             remove it from the publication, or capture it with a pipeline of its own",
+            ident(&rel.schema),
+            ident(&rel.name),
+            ident(&self.cfg.publication)
+        )
     }
 
     /// Moves the slot to `end_lsn` (the end of a transaction whose epoch the target
@@ -775,12 +1203,32 @@ mod tests {
             }
         );
         assert!(!format!("{c:?}").contains("pw"));
+        // Quoted names are taken as written, as in SQL.
+        let q = SourceConfig::from_url(
+            r#"postgres://u@h/db?slot=s&tables="MixedCase","My Schema"."a ""b"", c",plain"#,
+        )
+        .unwrap();
+        let names: Vec<(&str, &str)> = q
+            .tables
+            .iter()
+            .map(|t| (t.schema.as_str(), t.name.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("public", "MixedCase"),
+                ("My Schema", "a \"b\", c"),
+                ("public", "plain")
+            ]
+        );
         for (url, word) in [
             ("postgres://u@h/db?tables=a", "slot"),
             ("postgres://u@h/db?slot=s", "tables"),
             ("postgres://u@h/db?slot=S-1&tables=a", "slot"),
             ("postgres://u@h/db?slot=s&tables=a&x=1", "\"x\""),
             ("postgres://u@h/db?slot=s&tables=a,x.a", "same name"),
+            ("postgres://u@h/db?slot=s&tables=Mixed", "double quotes"),
+            ("postgres://u@h/db?slot=s&tables=\"open", "unclosed"),
         ] {
             let e = SourceConfig::from_url(url).unwrap_err().to_string();
             assert!(e.contains(word), "{url}: {e}");

@@ -25,7 +25,9 @@ impl Comparison {
 }
 
 /// Compares `source` with `replica` (each `schema.table`) on the source's columns, both ways
-/// with `EXCEPT ALL` (the replica's hidden `_walsink_pos` column is left out).
+/// with `EXCEPT ALL` over each column's text form (`::text`: so `json` columns, which have no
+/// equality, compare too, and `1.0` is not `1.00`; the replica's hidden `_walsink_pos` column
+/// is left out).
 ///
 /// # Cancel safety
 /// Cancel safe: it only reads; call it again.
@@ -43,7 +45,7 @@ pub async fn compare(
         )
         .await?
         .iter()
-        .map(|r| ident(r.get(0)))
+        .map(|r| format!("{}::text", ident(r.get(0))))
         .collect();
     let cols = cols.join(", ");
     let a = format!("SELECT {cols} FROM {src}");

@@ -9,8 +9,10 @@
 //!
 //! A `json` or `jsonb` column follows Debezium instead, which sends such a column as a
 //! string holding the value's JSON text (`io.debezium.data.Json`): a string is JSON text,
-//! read by the server as `jsonb` (so `"null"` is JSON `null`, and text that is not JSON is
-//! refused), any other JSON value is taken as itself, and `null` gives SQL `NULL`.
+//! read by the server with the column's own JSON type's input (`json` keeps the text exactly:
+//! its spacing, key order and duplicate keys; `jsonb` normalizes it as `jsonb` does), so
+//! `"null"` is JSON `null`, and text that is not JSON is refused; any other JSON value is
+//! taken as itself (written as `jsonb` writes it), and `null` gives SQL `NULL`.
 //! Array and composite columns are the exception: `jsonb_populate_record` turns a JSON array
 //! or object into them, which text input cannot, so a statement touching one goes through
 //! JSON instead ([`ColumnKind::ViaJson`]); its `json` and `jsonb` columns are read from their
@@ -24,7 +26,8 @@ pub(crate) enum ColumnKind {
     /// Text for the input function of the column's type, cast with `::TYPE`.
     Text(String),
     /// A `json` or `jsonb` column: a string is the value's JSON text, any other value is
-    /// itself; cast with `::jsonb::TYPE`.
+    /// itself. Holds the whole cast: `json::TYPE` for a column whose base type is `json`
+    /// (the text kept exactly), `jsonb::TYPE` for `jsonb`.
     Json(String),
     /// An array or composite column: the statement reads its rows from JSON.
     ViaJson,
@@ -36,7 +39,8 @@ impl ColumnKind {
     pub(crate) fn from_catalog(sql_type: String, category: &str, base: &str) -> ColumnKind {
         match (category, base) {
             ("A", _) | ("C", _) => ColumnKind::ViaJson,
-            (_, "json") | (_, "jsonb") => ColumnKind::Json(sql_type),
+            (_, "json") => ColumnKind::Json(format!("json::{sql_type}")),
+            (_, "jsonb") => ColumnKind::Json(format!("jsonb::{sql_type}")),
             _ => ColumnKind::Text(sql_type),
         }
     }
@@ -47,12 +51,12 @@ impl ColumnKind {
     }
 
     /// The cast that turns the sent text into the column's type (`integer`,
-    /// `jsonb::json`), or `None` for a column sent through JSON. JSON goes through `jsonb`
-    /// first, so a `json` column gets the text `jsonb` writes, as with `jsonb_populate_record`.
+    /// `json::pg_catalog.json`), or `None` for a column sent through JSON. A `json` column's
+    /// text goes through `json` only, so it arrives exactly as sent (never through `jsonb`,
+    /// which would reorder keys, drop duplicates and respace it).
     pub(crate) fn cast(&self) -> Option<String> {
         match self {
-            ColumnKind::Text(t) => Some(t.clone()),
-            ColumnKind::Json(t) => Some(format!("jsonb::{t}")),
+            ColumnKind::Text(t) | ColumnKind::Json(t) => Some(t.clone()),
             ColumnKind::ViaJson => None,
         }
     }
@@ -89,12 +93,18 @@ impl ColumnKind {
 }
 
 /// The JSON text a `json` or `jsonb` column gets for `v`: a string is JSON text already
-/// (Debezium's encoding), any other value is written as JSON; `null` is SQL `NULL`.
+/// (Debezium's encoding), kept exactly; any other value was parsed already (its spacing,
+/// key order and duplicate keys are gone), so it is written as `jsonb` writes it, as
+/// `jsonb_populate_record` would ([`jsonb_text`]); `null` is SQL `NULL`.
 pub(crate) fn json_text(v: &Value) -> Option<String> {
     match v {
         Value::Null => None,
         Value::String(s) => Some(s.clone()),
-        other => Some(other.to_string()),
+        other => {
+            let mut out = String::new();
+            jsonb_text(other, &mut out);
+            Some(out)
+        }
     }
 }
 
@@ -272,10 +282,15 @@ mod tests {
         assert_eq!(j.text(Some(&json!("null"))), Some("null".into()));
         assert_eq!(
             j.text(Some(&json!({"a": [1, null]}))),
-            Some("{\"a\":[1,null]}".into())
+            Some("{\"a\": [1, null]}".into())
         );
         assert_eq!(j.text(Some(&Value::Null)), None);
         assert_eq!(j.cast().as_deref(), Some("jsonb::jsonb"));
+        // A `json` column takes the text as it is: never through `jsonb`.
+        let exact = ColumnKind::from_catalog("pg_catalog.json".into(), "U", "json");
+        assert_eq!(exact.cast().as_deref(), Some("json::pg_catalog.json"));
+        let odd = r#"{"b":1,  "a":2, "a":3}"#;
+        assert_eq!(exact.text(Some(&json!(odd))).as_deref(), Some(odd));
         let parsed: Value =
             serde_json::from_str(r#"{"bb": [1e3, -0, 1.10], "a": "x\ny\u0001"}"#).unwrap();
         assert_eq!(

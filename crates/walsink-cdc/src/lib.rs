@@ -10,6 +10,8 @@
 //!   the position guard that makes replayed or rewound events change nothing.
 //! - [`capture`]: the source: a logical replication slot read with pgoutput through SQL
 //!   functions, a snapshot first, and the slot advanced only after the target committed.
+//! - [`shape`]: a captured table's columns as the replica holds them, and the schema changes
+//!   the stream's relation messages show (followed, or refused by name).
 //!
 //! The guarantees, the guard and the differences from the Debezium JDBC sink are in
 //! `docs/targets/cdc.md`.
@@ -23,6 +25,7 @@ pub mod config;
 pub mod event;
 pub mod pgoutput;
 pub mod plan;
+pub mod shape;
 
 pub use apply::{CdcSink, Stats};
 pub use config::Config;

@@ -15,6 +15,8 @@ pub struct Column {
     pub name: String,
     /// Type OID.
     pub type_oid: u32,
+    /// Type modifier (`atttypmod`; -1 for none).
+    pub typmod: i32,
 }
 
 /// A relation as the stream describes it (sent before its first change in each session).
@@ -201,11 +203,12 @@ pub fn decode(b: &[u8]) -> Result<Message, DecodeError> {
                 let flags = c.u8("column flags")?;
                 let name = c.cstr("column name")?;
                 let type_oid = c.u32("column type")?;
-                let _typmod = c.u32("column typmod")?;
+                let typmod = c.u32("column typmod")? as i32;
                 columns.push(Column {
                     key: flags & 1 == 1,
                     name,
                     type_oid,
+                    typmod,
                 });
             }
             Message::Relation(Relation {
@@ -345,6 +348,7 @@ mod tests {
         assert_eq!(r.columns.len(), 2);
         assert!(r.columns[0].key && !r.columns[1].key);
         assert_eq!(r.columns[0].type_oid, 23);
+        assert_eq!(r.columns[0].typmod, -1);
         let u = decode(&hex(
             "55000040094f00027400000001357400000001714e000274000000013574000000017a",
         ))

@@ -311,6 +311,87 @@ async fn column_types_hold_what_jsonb_populate_record_makes_of_the_image() {
     t.drop_schema().await;
 }
 
+/// A `json` column keeps the exact text it was sent (Debezium's `io.debezium.data.Json` is
+/// the text): spacing, key order and duplicate keys, on the typed path and through JSON (a
+/// table with an array column), by insert, by update and by a guarded replay of an older
+/// event. Until this was mended the text went through `jsonb` and came out normalized.
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn json_columns_keep_their_exact_text() {
+    let mut t = Target::new("jsontext", "").await;
+    let s = t.schema.clone();
+    t.admin
+        .batch_execute(&format!(
+            "CREATE TABLE {s}.j (id int PRIMARY KEY, js json, jb jsonb); \
+             CREATE TABLE {s}.ja (id int PRIMARY KEY, tags int[], js json);"
+        ))
+        .await
+        .unwrap();
+    let odd = [
+        r#"{"b":1,  "a":2, "a":3}"#,
+        "[1,\n  2 ,\t{\"z\" : null,\"z\":true}]",
+        r#"  "padded"  "#,
+        r#"{"n": 1.10, "big": 123456789012345678901234567890}"#,
+    ];
+    let ev = |table: &str, op: &str, lsn: u64, id: usize, js: &str| {
+        let after = if table == "j" {
+            json!({"id": id, "js": js, "jb": js})
+        } else {
+            json!({"id": id, "tags": [id], "js": js})
+        };
+        json!({"before": null, "after": after, "op": op, "ts_ms": 0,
+               "source": {"db": "src", "schema": "public", "table": table, "lsn": lsn}})
+    };
+    for table in ["j", "ja"] {
+        let inserts: Vec<Value> = odd
+            .iter()
+            .enumerate()
+            .map(|(i, js)| ev(table, "c", 100 + i as u64, i, js))
+            .collect();
+        t.epoch(&inserts).await.unwrap();
+        // Updates that reverse the texts, then a replay of the inserts (older: no change).
+        let updates: Vec<Value> = odd
+            .iter()
+            .rev()
+            .enumerate()
+            .map(|(i, js)| ev(table, "u", 200 + i as u64, i, js))
+            .collect();
+        t.epoch(&updates).await.unwrap();
+        t.epoch(&inserts).await.unwrap();
+        let got: Vec<String> = t
+            .admin
+            .query(
+                &format!("SELECT js::text FROM {s}.{table} ORDER BY id"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let want: Vec<String> = odd.iter().rev().map(|x| x.to_string()).collect();
+        assert_eq!(got, want, "table {table}");
+    }
+    // The jsonb column beside it still holds jsonb's form of the same text.
+    let jb: String = t
+        .admin
+        .query_one(&format!("SELECT jb::text FROM {s}.j WHERE id = 3"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jb, r#"{"a": 3, "b": 1}"#);
+    // Text that is not JSON is refused for a json column too.
+    let e = t
+        .epoch(&[ev("j", "c", 500, 9, "{not json")])
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("json"), "{e}");
+    t.drop_schema().await;
+}
+
 #[tokio::test]
 #[cfg_attr(
     not(servers),

@@ -22,6 +22,10 @@ pub enum Mode {
 /// The default age of a prepared transaction past which the sink warns.
 pub const DEFAULT_PREPARED_WARN_AFTER: Duration = Duration::from_secs(300);
 
+/// How long setting up a connection may take at most when the URL gives no
+/// `connect_timeout`: the TCP connect, the start-up handshake and the session settings.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The default longest wait of one statement for a lock (`lock_timeout`): past it the
 /// statement fails with 55P03, a retryable error, and the delivery is tried again.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);

@@ -1,6 +1,6 @@
 //! [`PgSink`]: the [`AsyncSink`] that delivers epochs into a PostgreSQL table, exactly-once.
 
-use crate::config::{Config, Mode};
+use crate::config::{Config, Mode, DEFAULT_CONNECT_TIMEOUT};
 use crate::error::{sink_error, Class};
 use crate::failpoint;
 use crate::mapping::{self, RawRows, RowMapping};
@@ -233,7 +233,28 @@ impl PgSink {
     /// A connection without any set-up of the tables (its task runs on the current
     /// runtime), with the session's `lock_timeout` and `idle_in_transaction_session_timeout`
     /// set from the configuration.
+    ///
+    /// The whole set-up is bounded by `connect_timeout` (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`]): the client library bounds only the TCP connect by it, so
+    /// a server that accepts and never answers (stopped, or a proxy in front of a dead one)
+    /// would otherwise hold the call for ever.
     async fn plain_connect(&self) -> Result<tokio_postgres::Client, SinkError> {
+        let limit = self
+            .config
+            .pg
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        match tokio::time::timeout(limit, self.plain_connect_unbounded()).await {
+            Ok(r) => r,
+            Err(_) => Err(SinkError::retryable(format!(
+                "connect to {}: no answer from the server within {limit:?} (connect_timeout)",
+                self.config
+            ))),
+        }
+    }
+
+    async fn plain_connect_unbounded(&self) -> Result<tokio_postgres::Client, SinkError> {
         let shown = self.config.to_string();
         let (client, connection) = self
             .config

@@ -248,6 +248,41 @@ async fn an_unreachable_server_is_retryable_and_shows_no_password() {
     assert!(e.to_string().contains(&format!(":{port}/")), "{e}");
 }
 
+/// A server that accepts the connection and never answers (a stopped postmaster, a proxy in
+/// front of a dead one): `connect` gives up after `connect_timeout` with a retryable error,
+/// instead of waiting for ever.
+#[tokio::test]
+async fn a_server_that_accepts_and_never_answers_times_out_at_connect() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    // Accepts and holds each connection without a byte, until the test ends.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in l.incoming().take(8) {
+            held.push(c);
+        }
+        std::thread::sleep(Duration::from_secs(120));
+    });
+    let c = Config::from_url(&format!(
+        "postgres://u:hunter2@127.0.0.1:{port}/d?table=t&connect_timeout=2"
+    ))
+    .unwrap();
+    let mut sink = PgSink::new(c);
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(30), sink.connect()).await;
+    let e = r
+        .expect("connect still waits after 30 s on a server that never answers")
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(e.class(), SinkErrorClass::Retryable, "{e}");
+    assert!(e.to_string().contains("connect_timeout"), "{e}");
+    assert!(!e.to_string().contains("hunter2"), "{e}");
+}
+
 /// A delivery cut while the server runs its COMMIT (a deferred trigger on the marker table
 /// holds the COMMIT for 1.5 s; the delivery is dropped at 0.5 s): the epoch commits without
 /// its caller hearing so, and the next delivery finds the marker and writes nothing twice.

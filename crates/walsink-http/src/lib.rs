@@ -48,4 +48,6 @@ pub use config::{
     Config, ConfigError, DEFAULT_CONTENT_TYPE, DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS,
     DEFAULT_RETRIES, DEFAULT_RETRY_AFTER_MAX, DEFAULT_TIMEOUT,
 };
-pub use sink::{idempotency_key, BuildError, HttpSink, IDEMPOTENCY_KEY, WALSINK_CHUNK};
+pub use sink::{
+    idempotency_key, BuildError, HttpSink, CONNECT_CHECK_TIMEOUT, IDEMPOTENCY_KEY, WALSINK_CHUNK,
+};

@@ -68,6 +68,10 @@ impl fmt::Display for BuildError {
 
 impl std::error::Error for BuildError {}
 
+/// How long [`HttpSink::connect`] waits for the receiver's answer at most (connecting
+/// included).
+pub const CONNECT_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Delivers epochs to an HTTP endpoint: each epoch as POSTs of newline-delimited records,
 /// cut deterministically ([`crate::chunking`]), each under
 /// `Idempotency-Key: SINK:SUBTASK:CHECKPOINT:CHUNK`. An epoch counts as delivered once
@@ -182,7 +186,8 @@ impl HttpSink {
     /// Checks that the receiver answers, so that a wrong address, a closed port or a TLS
     /// certificate the sink does not trust shows before the first epoch: one `HEAD` request
     /// to the endpoint with the sink's headers. Any HTTP answer, whatever its status, counts
-    /// as reachable (a receiver may take only `POST`); nothing is delivered.
+    /// as reachable (a receiver may take only `POST`); nothing is delivered. The check waits
+    /// at most [`CONNECT_CHECK_TIMEOUT`] (or `timeout`, if shorter) for the answer.
     ///
     /// # Errors
     /// A retryable [`SinkError`] when the receiver cannot be reached or does not answer
@@ -192,10 +197,12 @@ impl HttpSink {
     /// Cancel safe: it only asks.
     pub async fn connect(&self) -> Result<(), SinkError> {
         let shared = &self.shared;
+        let limit = shared.cfg.timeout.min(CONNECT_CHECK_TIMEOUT);
         let sent = self
             .client
             .head(shared.cfg.endpoint.clone())
             .headers(shared.headers.clone())
+            .timeout(limit)
             .send()
             .await;
         match sent {
@@ -203,7 +210,7 @@ impl HttpSink {
             Err(e) => Err(SinkError::retryable(format!(
                 "HEAD {}: {}",
                 shared.shown,
-                request_error(&e, shared.cfg.timeout)
+                request_error(&e, limit)
             ))),
         }
     }
@@ -446,6 +453,9 @@ async fn read_start(mut resp: reqwest::Response) -> Result<String, reqwest::Erro
 
 /// A request error in words, without the URL (it is named by the caller without secrets).
 fn request_error(e: &reqwest::Error, timeout: Duration) -> String {
+    if e.is_timeout() && e.is_connect() {
+        return format!("cannot connect: no connection within {timeout:?} at most");
+    }
     if e.is_timeout() {
         return format!("no complete answer within the timeout of {timeout:?}");
     }

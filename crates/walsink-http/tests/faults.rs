@@ -294,3 +294,29 @@ async fn credentials_go_out_and_never_show() {
     .unwrap_err();
     assert!(unset.to_string().contains("WALSINK_NO_SUCH_VAR"), "{unset}");
 }
+
+/// The start-up check (`HttpSink::connect`) against a receiver that accepts connections and
+/// never answers: it gives up after `CONNECT_CHECK_TIMEOUT` with a retryable error, even
+/// with the default 30 s request timeout, and names what it waited for.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_start_up_check_gives_up_on_a_silent_receiver_within_its_bound() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in l.incoming().take(8) {
+            held.push(c);
+        }
+        std::thread::sleep(Duration::from_secs(120));
+    });
+    let s = sink(&format!("http://127.0.0.1:{port}/in"));
+    let started = Instant::now();
+    let e = s.connect().await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(15),
+        "{took:?}"
+    );
+    assert_eq!(e.class(), SinkErrorClass::Retryable, "{e}");
+    assert!(e.to_string().contains("timeout of 5s"), "{e}");
+}

@@ -135,6 +135,18 @@ pub struct Options {
     /// Seed of the random salts of new segments. Default `None` (seeded from the OS);
     /// simulations set it so that a run replays exactly.
     pub salt_seed: Option<u64>,
+    /// Permission bits of the log directory when open creates it. Default `0o700`, private
+    /// to the owner (a log holds user data; PostgreSQL's data directory is `0o700` too). Set
+    /// exactly, whatever the umask; parents that open creates get the usual `0o777` less the
+    /// umask. A directory that exists already keeps its mode: open logs a warning when it
+    /// grants more than this. Must include `0o700`; no bits above `0o777`.
+    pub dir_mode: u32,
+    /// Permission bits of every file the log creates (segments, identity, commit store, lock,
+    /// moved-aside copies; recycled segments keep the mode they were created with). Default
+    /// `0o600`. Set exactly, whatever the umask; files that exist already keep their mode,
+    /// except the empty lock file, which is set to this. Must include `0o600`; no bits above
+    /// `0o777`.
+    pub file_mode: u32,
 }
 
 impl Options {
@@ -158,7 +170,21 @@ impl Options {
             retry: RetryPolicy::default(),
             mark_every: 1,
             salt_seed: None,
+            dir_mode: crate::storage::PRIVATE_DIR_MODE,
+            file_mode: crate::storage::PRIVATE_FILE_MODE,
         }
+    }
+
+    /// Sets [`Options::dir_mode`].
+    pub fn dir_mode(mut self, mode: u32) -> Self {
+        self.dir_mode = mode;
+        self
+    }
+
+    /// Sets [`Options::file_mode`].
+    pub fn file_mode(mut self, mode: u32) -> Self {
+        self.file_mode = mode;
+        self
     }
 
     /// Sets [`Options::subtask`].
@@ -296,6 +322,7 @@ impl Options {
                 "retry: initial must be positive and not above max",
             ));
         }
+        crate::storage::check_modes(self.dir_mode, self.file_mode).map_err(Error::config)?;
         Ok(())
     }
 }

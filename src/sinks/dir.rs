@@ -4,7 +4,7 @@
 //! can run it on a simulated disk of its own and lose, after a power loss, whatever it did
 //! not make durable.
 
-use crate::storage::{self, FsStorage, Storage, StorageFile};
+use crate::storage::{self, FsStorage, Storage, StorageFile, PRIVATE_DIR_MODE, PRIVATE_FILE_MODE};
 use crate::{Epoch, EpochKey, Sink, SinkError};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -89,8 +89,17 @@ impl Write for Appender<'_> {
 
 impl DirSink {
     /// A sink writing into `dir`, created if missing. Temporary files left by a crash are
-    /// removed. The error names `dir`.
+    /// removed. The error names `dir`. Private to the owner: a missing `dir` is created
+    /// `0o700` and every file `0o600`; see [`DirSink::with_modes`].
     pub fn new(dir: impl AsRef<Path>) -> io::Result<Self> {
+        Self::with_modes(dir, PRIVATE_DIR_MODE, PRIVATE_FILE_MODE)
+    }
+
+    /// [`DirSink::new`] with other modes: a missing `dir` is created with exactly `dir_mode`
+    /// and every file the sink writes gets exactly `file_mode` (the umask does not apply). An
+    /// existing directory keeps its mode (a warning is logged when it grants more). The modes
+    /// must pass [`check_modes`](crate::storage::check_modes), else `InvalidInput`.
+    pub fn with_modes(dir: impl AsRef<Path>, dir_mode: u32, file_mode: u32) -> io::Result<Self> {
         let dir = dir.as_ref();
         let named = |e: io::Error| {
             io::Error::new(
@@ -104,7 +113,7 @@ impl DirSink {
                 "it exists and is not a directory",
             )));
         }
-        let storage = FsStorage::new(dir).map_err(named)?;
+        let storage = FsStorage::with_modes(dir, dir_mode, file_mode).map_err(named)?;
         Self::with_storage(Arc::new(storage)).map_err(named)
     }
 

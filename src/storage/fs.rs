@@ -8,21 +8,93 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The default mode of a directory that a log or a directory sink creates: the owner's only.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+/// The default mode of a file that a log or a directory sink creates: the owner's only.
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
+
+/// Checks a directory and a file mode: no bits above `0o777`, and the owner keeps what the
+/// log needs (`0o700` on the directory, `0o600` on files). The error says which is wrong.
+pub fn check_modes(dir_mode: u32, file_mode: u32) -> Result<(), String> {
+    if dir_mode & !0o777 != 0 || dir_mode & 0o700 != 0o700 {
+        return Err(format!(
+            "dir_mode {dir_mode:#o} is not allowed: it must include 0o700 (the owner's read, \
+             write and search) and have no bits above 0o777"
+        ));
+    }
+    if file_mode & !0o777 != 0 || file_mode & 0o600 != 0o600 {
+        return Err(format!(
+            "file_mode {file_mode:#o} is not allowed: it must include 0o600 (the owner's read \
+             and write) and have no bits above 0o777"
+        ));
+    }
+    Ok(())
+}
+
 /// A log directory on the real filesystem.
 #[derive(Debug, Clone)]
 pub struct FsStorage {
     dir: PathBuf,
     /// The directory itself, held open for `fsync` and to notice its removal.
     handle: Arc<File>,
+    /// Mode bits of every file [`Storage::create`] and [`Storage::lock`] make.
+    file_mode: u32,
 }
 
 impl FsStorage {
-    /// Uses `dir` as the log directory, creating it (and its parents) if missing.
+    /// Uses `dir` as the log directory, creating it (and its parents) if missing, private to
+    /// the owner: [`PRIVATE_DIR_MODE`] and [`PRIVATE_FILE_MODE`]; see [`FsStorage::with_modes`].
     pub fn new(dir: impl AsRef<Path>) -> io::Result<Self> {
+        Self::with_modes(dir, PRIVATE_DIR_MODE, PRIVATE_FILE_MODE)
+    }
+
+    /// Uses `dir` as the log directory. When it is missing it is created with exactly
+    /// `dir_mode` (the umask does not apply; missing parents get `0o777` less the umask).
+    /// An existing directory keeps its mode; when it grants more than `dir_mode` a warning
+    /// is logged. Files created later get exactly `file_mode`.
+    ///
+    /// # Errors
+    /// `InvalidInput` when the modes fail [`check_modes`]; the I/O error of creating or
+    /// opening the directory.
+    pub fn with_modes(dir: impl AsRef<Path>, dir_mode: u32, file_mode: u32) -> io::Result<Self> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        check_modes(dir_mode, file_mode)
+            .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
         let dir = dir.as_ref().to_path_buf();
-        std::fs::create_dir_all(&dir)?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        match std::fs::DirBuilder::new().mode(dir_mode).create(&dir) {
+            Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(dir_mode))?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {
+                let mode = std::fs::metadata(&dir)?.permissions().mode() & 0o7777;
+                if mode & !dir_mode != 0 {
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        mode = format_args!("{mode:#o}"),
+                        wanted = format_args!("{dir_mode:#o}"),
+                        "the directory exists and grants more than wanted; its mode is left \
+                         as it is (chmod it to make it private)"
+                    );
+                }
+            }
+            Err(e) => return Err(e),
+        }
         let handle = Arc::new(File::open(&dir)?);
-        Ok(FsStorage { dir, handle })
+        Ok(FsStorage {
+            dir,
+            handle,
+            file_mode,
+        })
+    }
+
+    /// Gives `f` exactly the file mode (the umask may have taken bits away).
+    fn set_mode(&self, f: &File) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        if f.metadata()?.permissions().mode() & 0o7777 != self.file_mode {
+            f.set_permissions(std::fs::Permissions::from_mode(self.file_mode))?;
+        }
+        Ok(())
     }
 
     /// The directory.
@@ -197,12 +269,15 @@ impl Storage for FsStorage {
     }
 
     fn create(&self, name: &str) -> io::Result<Arc<dyn StorageFile>> {
+        use std::os::unix::fs::OpenOptionsExt;
         let f = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(self.file_mode)
             .open(self.dir.join(name))?;
+        self.set_mode(&f)?;
         Ok(Arc::new(FsFile::new(f)))
     }
 
@@ -239,12 +314,15 @@ impl Storage for FsStorage {
     }
 
     fn lock(&self, name: &str) -> io::Result<Box<dyn Send + Sync + std::fmt::Debug>> {
+        use std::os::unix::fs::OpenOptionsExt;
         let f = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(self.file_mode)
             .open(self.dir.join(name))?;
+        self.set_mode(&f)?;
         match f.try_lock() {
             Ok(()) => Ok(Box::new(f)),
             Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(

@@ -14,7 +14,7 @@ mod fs;
 pub(crate) mod reserve;
 mod sim;
 
-pub use fs::FsStorage;
+pub use fs::{check_modes, FsStorage, PRIVATE_DIR_MODE, PRIVATE_FILE_MODE};
 pub use sim::{CrashOptions, FaultOp, SimStats, SimStorage};
 
 /// The block size of [`StorageFile::write_durable`]'s offsets and lengths: the largest

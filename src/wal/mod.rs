@@ -139,9 +139,13 @@ fn poisoned_err(cause: &str) -> Error {
 
 impl WalSink {
     /// Opens (or creates) the log in `dir`, recovers it, and reports what recovery found.
+    /// A missing `dir` is created with [`Options::dir_mode`] (default `0o700`) and the log's
+    /// files with [`Options::file_mode`] (default `0o600`); an existing directory keeps its
+    /// mode (a warning is logged when it grants more).
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<(Self, RecoveryReport)> {
         let dir = dir.as_ref();
-        let storage = FsStorage::new(dir)
+        options.sanitize()?;
+        let storage = FsStorage::with_modes(dir, options.dir_mode, options.file_mode)
             .map_err(|e| Error::io(format!("create directory {}", dir.display()), e))?;
         Self::open_with_storage(Arc::new(storage), options)
     }

@@ -9,7 +9,10 @@ use walsink::{Epoch, EpochKey, Sink, SinkError};
 /// The sink's calls run on the calling thread (the committer thread), which blocks on them;
 /// so it must not be a runtime worker: called from inside a runtime, `deliver` and
 /// `is_committed` fail with a permanent [`SinkError`] saying so (nothing is delivered, and
-/// the epoch stays pending). The wrapper can be created and dropped anywhere; dropping one
+/// the epoch stays pending). tokio refuses such a call with a panic that the wrapper catches
+/// (tokio gives no way to tell a worker from its blocking pool beforehand), so the process's
+/// panic hook still sees it (the default hook prints it), and a build with `panic = "abort"`
+/// aborts there. The wrapper can be created and dropped anywhere; dropping one
 /// with a runtime of its own does not wait for that runtime's tasks. The runtime is either one the wrapper owns (a
 /// current-thread runtime with I/O and timers, from [`BlockingSink::new`]) or a handle to
 /// one the program runs ([`BlockingSink::with_handle`]; the async client of the sink may
@@ -73,7 +76,8 @@ impl<S: AsyncSink> BlockingSink<S> {
     ///
     /// # Panics
     /// When called from inside a tokio runtime, where blocking is not allowed (tokio's own
-    /// rule); the sink methods check this and return an error instead.
+    /// rule); the sink methods catch that panic and return an error instead (see the type's
+    /// docs for what the panic hook sees).
     pub fn block_on<T>(&mut self, f: impl AsyncFnOnce(&mut S) -> T) -> T {
         let fut = f(&mut self.sink);
         match &self.rt {

@@ -282,17 +282,17 @@ fn kill_loop_from_a_replication_slot_ends_with_the_replica_equal_to_the_source()
     );
 }
 
-#[test]
-#[cfg_attr(
-    not(servers),
-    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
-)]
-fn inspect_reads_a_cdc_logs_markers_from_its_target() {
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let d = tempfile::tempdir().unwrap();
-    let schema = format!("cdc_insp_{}_{:x}", std::process::id(), fastrand::u32(..));
-    let (lines, _) = stream(3, 2_000);
-    let inp = d.path().join("events.jsonl");
+/// A file of `n` random change events on table `t` in `dir`, and a new schema `TAG_…` on the
+/// shared server holding an empty replica table `t`: (schema, lines, file).
+fn events_and_replica(
+    rt: &tokio::runtime::Runtime,
+    dir: &std::path::Path,
+    tag: &str,
+    n: usize,
+) -> (String, Vec<String>, std::path::PathBuf) {
+    let schema = format!("{tag}_{}_{:x}", std::process::id(), fastrand::u32(..));
+    let (lines, _) = stream(3, n);
+    let inp = dir.join("events.jsonl");
     std::fs::write(&inp, lines.join("\n") + "\n").unwrap();
     rt.block_on(async {
         client()
@@ -303,6 +303,18 @@ fn inspect_reads_a_cdc_logs_markers_from_its_target() {
             .await
             .unwrap()
     });
+    (schema, lines, inp)
+}
+
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+fn inspect_reads_a_cdc_logs_markers_from_its_target() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let (schema, lines, inp) = events_and_replica(&rt, d.path(), "cdc_insp", 2_000);
     let wal = d.path().join("wal");
     let sink = format!("{SHARED}?schema={schema}");
     let o = walsink(&[
@@ -343,19 +355,7 @@ fn inspect_reads_a_cdc_logs_markers_from_its_target() {
 fn cdc_input_names_itself_in_its_messages() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let d = tempfile::tempdir().unwrap();
-    let schema = format!("cdc_name_{}_{:x}", std::process::id(), fastrand::u32(..));
-    let (lines, _) = stream(3, 300);
-    let inp = d.path().join("events.jsonl");
-    std::fs::write(&inp, lines.join("\n") + "\n").unwrap();
-    rt.block_on(async {
-        client()
-            .await
-            .batch_execute(&format!(
-                "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v text, n int);"
-            ))
-            .await
-            .unwrap();
-    });
+    let (schema, _, inp) = events_and_replica(&rt, d.path(), "cdc_name", 300);
     let sink = format!("{SHARED}?schema={schema}");
     let wal = d.path().join("wal");
     let args = [

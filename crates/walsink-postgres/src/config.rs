@@ -250,8 +250,14 @@ impl Config {
         let mut lock_timeout = DEFAULT_LOCK_TIMEOUT;
         let mut idle_timeout = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT;
         let mut passed = Vec::new();
+        let mut given = std::collections::HashSet::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            if !given.insert(k) {
+                return Err(ConfigError::new(format!(
+                    "parameter {k:?} is given twice: give it once"
+                )));
+            }
             let v = percent_decode(v, k)?;
             match k {
                 "table" => table = Some(TableName::parse(&v, "table")?),
@@ -448,6 +454,15 @@ mod tests {
             e("postgres://u@h/d?table=t&idle_in_transaction_timeout=1000h")
                 .contains("idle_in_transaction_timeout=\"1000h\" is too long")
         );
+    }
+
+    #[test]
+    fn a_parameter_given_twice_is_refused_naming_it() {
+        let e = Config::from_url("postgres://u:s3cret@h/d?table=t&lock_timeout=1s&lock_timeout=2s")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"lock_timeout\" is given twice"), "{e}");
+        assert!(!e.contains("s3cret"), "{e}");
     }
 
     #[test]

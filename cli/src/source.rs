@@ -615,8 +615,8 @@ impl Source {
                 "{shown} was truncated in the middle of a line: its {partial} bytes read after offset {offset} end without a newline and the rest of the line is gone, so they were not shipped"
             ));
         }
-        self.note(format!(
-            "{shown} was truncated (copytruncate?) after {offset} bytes were read and no copy holding them was found beside it; reading it again from its start"
+        self.warn(format!(
+            "{shown} was truncated (copytruncate?) after {offset} bytes were read and no copy holding them was found beside it: whatever was written past byte {offset} before the truncation was not read and is lost; reading it again from its start"
         ));
         if let Input::File(o) = &mut self.input {
             o.file.seek(SeekFrom::Start(0))?;

@@ -23,6 +23,7 @@
 //! target committed (`pg_replication_slot_advance`), so the slot never passes a change the
 //! target does not hold, and the server keeps the WAL of every change not yet committed.
 
+pub use crate::config::TableRef;
 use crate::config::{ident, PgUrl};
 use crate::event::{format_lsn, to_json as event_json, Event, Op, Row};
 use crate::pgoutput::{self, Message, Relation};
@@ -69,22 +70,6 @@ fn literal(s: &str) -> String {
 fn server(what: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> CaptureError {
     let what = what.into();
     move |source| CaptureError::Server { what, source }
-}
-
-/// A source table, `table` (schema `public`) or `schema.table`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TableRef {
-    /// Schema.
-    pub schema: String,
-    /// Table name.
-    pub name: String,
-}
-
-impl TableRef {
-    /// `"schema"."name"`, quoted.
-    pub fn qualified(&self) -> String {
-        format!("{}.{}", ident(&self.schema), ident(&self.name))
-    }
 }
 
 /// The source's configuration, from `postgres://USER@HOST:PORT/DB?slot=NAME&tables=a,b`.

@@ -2,6 +2,7 @@
 //! parser shared with the capture side's `--source`.
 
 use crate::event::PositionField;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
 
@@ -215,6 +216,22 @@ impl fmt::Display for Config {
 /// Quotes an SQL identifier.
 pub fn ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// A source table, `table` (schema `public`) or `schema.table`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableRef {
+    /// Schema.
+    pub schema: String,
+    /// Table name.
+    pub name: String,
+}
+
+impl TableRef {
+    /// `"schema"."name"`, quoted.
+    pub fn qualified(&self) -> String {
+        format!("{}.{}", ident(&self.schema), ident(&self.name))
+    }
 }
 
 #[cfg(test)]

@@ -8,8 +8,7 @@
 //! else (a type changed, a column renamed or moved, a key column dropped, the table renamed)
 //! is an error that names the change: the rows after it cannot be put in the right columns.
 
-use crate::capture::TableRef;
-use crate::config::ident;
+use crate::config::{ident, TableRef};
 use crate::pgoutput::Relation;
 use serde::{Deserialize, Serialize};
 

@@ -294,6 +294,16 @@ enum Synced {
     DropFirst(SchemaChange),
 }
 
+/// What [`Capture::gate`] decides for one change.
+enum Gate {
+    /// Take the change.
+    Take,
+    /// End the batch before it.
+    End,
+    /// Return this from the read now.
+    Return(Result<Batch, CaptureError>),
+}
+
 impl Batch {
     /// The batch that only drops `ch`'s columns, at `pos` (nothing read after it).
     fn drop_first(mut pos: SourcePos, ch: SchemaChange) -> Batch {
@@ -924,36 +934,20 @@ impl Capture {
                 }
                 Message::Insert { rel, new } => {
                     let rel = change(rel, &self.relations)?;
-                    if let Some(st) = shapes.as_mut() {
-                        match self.sync(st, &rel) {
-                            Ok(Synced::Yes) => {}
-                            _ if !events.is_empty() => break,
-                            Ok(Synced::DropFirst(ch)) => return Ok(Batch::drop_first(next, ch)),
-                            Err(error) => {
-                                return Err(CaptureError::Decode {
-                                    lsn: lsn_text.clone(),
-                                    error,
-                                })
-                            }
-                        }
+                    match self.gate(shapes.as_mut(), &rel, !events.is_empty(), &next, &lsn_text) {
+                        Gate::Take => {}
+                        Gate::End => break 'rows,
+                        Gate::Return(r) => return r,
                     }
                     let after = pgoutput::row(&rel, &new, false);
                     push(&mut txn, &rel, Op::Create, None, Some(after));
                 }
                 Message::Update { rel, old, new } => {
                     let rel = change(rel, &self.relations)?;
-                    if let Some(st) = shapes.as_mut() {
-                        match self.sync(st, &rel) {
-                            Ok(Synced::Yes) => {}
-                            _ if !events.is_empty() => break,
-                            Ok(Synced::DropFirst(ch)) => return Ok(Batch::drop_first(next, ch)),
-                            Err(error) => {
-                                return Err(CaptureError::Decode {
-                                    lsn: lsn_text.clone(),
-                                    error,
-                                })
-                            }
-                        }
+                    match self.gate(shapes.as_mut(), &rel, !events.is_empty(), &next, &lsn_text) {
+                        Gate::Take => {}
+                        Gate::End => break 'rows,
+                        Gate::Return(r) => return r,
                     }
                     let before = old.map(|(key_only, t)| pgoutput::row(&rel, &t, key_only));
                     let after = pgoutput::row(&rel, &new, false);
@@ -961,18 +955,10 @@ impl Capture {
                 }
                 Message::Delete { rel, key_only, old } => {
                     let rel = change(rel, &self.relations)?;
-                    if let Some(st) = shapes.as_mut() {
-                        match self.sync(st, &rel) {
-                            Ok(Synced::Yes) => {}
-                            _ if !events.is_empty() => break,
-                            Ok(Synced::DropFirst(ch)) => return Ok(Batch::drop_first(next, ch)),
-                            Err(error) => {
-                                return Err(CaptureError::Decode {
-                                    lsn: lsn_text.clone(),
-                                    error,
-                                })
-                            }
-                        }
+                    match self.gate(shapes.as_mut(), &rel, !events.is_empty(), &next, &lsn_text) {
+                        Gate::Take => {}
+                        Gate::End => break 'rows,
+                        Gate::Return(r) => return r,
                     }
                     let before = pgoutput::row(&rel, &old, key_only);
                     push(&mut txn, &rel, Op::Delete, Some(before), None);
@@ -980,20 +966,11 @@ impl Capture {
                 Message::Truncate { rels } => {
                     for id in rels {
                         let rel = change(id, &self.relations)?;
-                        if let Some(st) = shapes.as_mut() {
-                            match self.sync(st, &rel) {
-                                Ok(Synced::Yes) => {}
-                                _ if !events.is_empty() => break 'rows,
-                                Ok(Synced::DropFirst(ch)) => {
-                                    return Ok(Batch::drop_first(next, ch))
-                                }
-                                Err(error) => {
-                                    return Err(CaptureError::Decode {
-                                        lsn: lsn_text.clone(),
-                                        error,
-                                    })
-                                }
-                            }
+                        match self.gate(shapes.as_mut(), &rel, !events.is_empty(), &next, &lsn_text)
+                        {
+                            Gate::Take => {}
+                            Gate::End => break 'rows,
+                            Gate::Return(r) => return r,
                         }
                         push(&mut txn, &rel, Op::Truncate, None, None);
                     }
@@ -1043,6 +1020,31 @@ impl Capture {
     /// gets them before the transaction), columns dropped before the table's first change in
     /// the transaction (the replica drops them on its own before it), or dropped later in it
     /// (the replica keeps them until the next transaction that changes the table).
+    /// Follows `rel`'s shape before one of its changes is taken (when shapes are followed):
+    /// take the change, end the batch before it (`have_events`: a shape change waits for a
+    /// batch of its own), or return now (columns to drop first, or a change refused).
+    fn gate(
+        &self,
+        shapes: Option<&mut TxnShapes>,
+        rel: &Relation,
+        have_events: bool,
+        next: &SourcePos,
+        lsn: &str,
+    ) -> Gate {
+        let Some(st) = shapes else {
+            return Gate::Take;
+        };
+        match self.sync(st, rel) {
+            Ok(Synced::Yes) => Gate::Take,
+            _ if have_events => Gate::End,
+            Ok(Synced::DropFirst(ch)) => Gate::Return(Ok(Batch::drop_first(next.clone(), ch))),
+            Err(error) => Gate::Return(Err(CaptureError::Decode {
+                lsn: lsn.to_string(),
+                error,
+            })),
+        }
+    }
+
     fn sync(&self, st: &mut TxnShapes, rel: &Relation) -> Result<Synced, String> {
         if st.synced.contains(&rel.id) {
             return Ok(Synced::Yes);

@@ -22,7 +22,8 @@ pub use delivery::committer::Committer;
 #[cfg(feature = "failpoints")]
 pub use delivery::deliverer::fail;
 pub use delivery::deliverer::{
-    Deliverer, DueMark, MarkOutcome, Next, Pending, ReadAhead, ReadAheadEpoch, READ_AHEAD_MIN_BYTES,
+    Deliverer, DueMark, Landing, Loaded, MarkOutcome, Next, Pending, Plan, ReadAhead,
+    ReadAheadEpoch, Turn, READ_AHEAD_MIN_BYTES,
 };
 pub use delivery::sink::{
     Chunk, ChunkRecords, Chunks, Epoch, EpochKey, IntoChunks, Record, RecordPosition, Records, Sink,

@@ -7,9 +7,9 @@
 //! skipped, so a later checkpoint is never committed before an earlier one. A panic in the sink
 //! counts as a permanent sink error ([`SinkError::from_panic`]).
 
-use crate::delivery::deliverer::{Deliverer, DueMark, Next, ReadAheadEpoch};
+use crate::delivery::deliverer::{Deliverer, Loaded, Plan, ReadAheadEpoch};
+use crate::delivery::log::DeliveryLog;
 use crate::error::{Error, Result};
-use crate::wal::Shared;
 use crate::{Sink, SinkError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -36,63 +36,55 @@ pub(crate) enum Step {
     Done(u64),
 }
 
-/// One step of the protocol with a blocking sink. While the sink takes a large epoch, the
-/// mark due for the epochs before it is made, and the next epoch (if deliverable and large
-/// enough) is read into `ahead` for the next step, each on a scoped thread.
-pub(crate) fn step(
-    d: &mut Deliverer,
-    sink: &mut dyn Sink,
-    ahead: &mut Option<ReadAheadEpoch>,
-) -> Result<Step> {
-    let (p, due) = match d.next_step_deferring_mark()? {
-        (Next::Idle, _) => return Ok(Step::Idle),
-        (Next::Committed(id), _) => return Ok(Step::Done(id)),
-        (Next::Deliver(p), due) => (p, due),
+/// A read ahead held between steps, tagged with its checkpoint id ([`Turn::take_ahead`]).
+pub(crate) type Ahead = Option<(u64, ReadAheadEpoch)>;
+
+/// One step of the protocol with a blocking sink, through the turn API of [`Deliverer`].
+/// While the sink takes an epoch, the mark due for the epochs before it is made, and the next
+/// epoch (if deliverable and large enough) is read into `ahead` for the next step, each on a
+/// scoped thread.
+pub(crate) fn step(d: &mut Deliverer, sink: &mut dyn Sink, ahead: &mut Ahead) -> Result<Step> {
+    let t = match d.plan()? {
+        Plan::Idle => return Ok(Step::Idle),
+        Plan::Committed(id) => return Ok(Step::Done(id)),
+        Plan::Due(t) => t,
     };
-    let id = p.checkpoint();
-    let settle_mark = |d: &mut Deliverer, due: Option<DueMark>| match due {
-        Some(due) => d.mark_now(due),
-        None => Ok(()),
-    };
+    let id = t.checkpoint();
     if sink.stores_marker() {
-        match guarded(|| sink.is_committed(p.key())) {
+        match guarded(|| sink.is_committed(t.key())) {
             Ok(true) => {
-                d.skip_committed(p);
-                settle_mark(d, due)?;
+                d.skip(t)?;
                 return Ok(Step::Done(id));
             }
             Ok(false) => {}
-            Err(e) => {
-                settle_mark(d, due)?;
-                return Err(e.into());
-            }
+            Err(e) => return Err(d.abandon(t, e.into())),
         }
     }
-    let epoch = match d.read_or_take(&p, ahead.take()) {
-        Ok(e) => e,
-        Err(e) => {
-            settle_mark(d, due)?;
-            return Err(e);
-        }
-    };
-    if epoch.is_empty() {
-        settle_mark(d, due)?;
-        d.finish(p, &epoch, Ok(()))?;
-        return Ok(Step::Done(id));
-    }
-    let key = p.key();
+    let mine = t.take_ahead(ahead);
+    let Loaded {
+        epoch,
+        mark,
+        next,
+        landing,
+    } = d.load(t, mine)?;
     let _span = tracing::info_span!(
         "deliver",
-        sink_id = %key.sink_id,
-        subtask = key.subtask,
-        checkpoint = key.checkpoint,
-        records = p.records(),
-        bytes = p.bytes(),
+        sink_id = %landing.key().sink_id,
+        subtask = landing.key().subtask,
+        checkpoint = id,
+        records = landing.records(),
+        bytes = landing.bytes(),
     )
     .entered();
-    let next = d.read_ahead(&p);
-    let (outcome, marked) = if next.is_none() && due.is_none() {
-        (guarded(|| sink.deliver(&epoch)), None)
+    let deliver = |sink: &mut dyn Sink| {
+        if epoch.is_empty() {
+            Ok(())
+        } else {
+            guarded(|| sink.deliver(&epoch))
+        }
+    };
+    let (outcome, marked) = if next.is_none() && mark.is_none() {
+        (deliver(sink), None)
     } else {
         std::thread::scope(|s| {
             let reading = next.and_then(|n| {
@@ -103,31 +95,33 @@ pub(crate) fn step(
             });
             // A mark that cannot get a thread is not made now; the epochs it covers stay
             // unmarked, as after a failed mark, and a later step marks them.
-            let marking = due.and_then(|due| {
+            let marking = mark.and_then(|due| {
                 std::thread::Builder::new()
                     .name("walsink-mark".into())
                     .spawn_scoped(s, move || due.run())
                     .ok()
             });
-            let outcome = guarded(|| sink.deliver(&epoch));
+            let outcome = deliver(sink);
             // A read that failed (or a thread that panicked) is done again in its turn.
-            *ahead = reading.and_then(|h| h.join().ok());
+            if let Some(r) = reading.and_then(|h| h.join().ok()) {
+                *ahead = Some((r.checkpoint(), r));
+            }
             let marked = marking.and_then(|h| h.join().ok());
             (outcome, marked)
         })
     };
     drop(_span);
-    // The mark first: it covers only epochs before this one, whatever the sink said.
-    let mark = marked.map(|m| d.marked(m)).unwrap_or(Ok(()));
-    d.finish(p, &epoch, outcome)?;
-    mark?;
+    let finished = d.complete(landing, &epoch, outcome);
+    // The mark covers only epochs before this one, whatever the sink said.
+    let mark = marked.map_or(Ok(()), |m| d.marked(m));
+    finished.and(mark)?;
     Ok(Step::Done(id))
 }
 
 /// [`WalSink::deliver_ready`](crate::WalSink::deliver_ready): every deliverable epoch, on the
 /// calling thread.
-pub(crate) fn deliver_ready(shared: &Arc<Shared>, sink: &mut dyn Sink) -> Result<usize> {
-    let mut d = Deliverer::claim(shared)?;
+pub(crate) fn deliver_ready(log: Arc<dyn DeliveryLog>, sink: &mut dyn Sink) -> Result<usize> {
+    let mut d = Deliverer::claim(log)?;
     let mut n = 0;
     let mut ahead = None;
     loop {
@@ -146,38 +140,37 @@ pub(crate) fn deliver_ready(shared: &Arc<Shared>, sink: &mut dyn Sink) -> Result
 }
 
 /// [`WalSink::spawn_committer`](crate::WalSink::spawn_committer).
-pub(crate) fn spawn<S: Sink + 'static>(shared: &Arc<Shared>, sink: S) -> Result<Committer> {
-    let d = Deliverer::claim(shared)?;
+pub(crate) fn spawn<S: Sink + 'static>(log: Arc<dyn DeliveryLog>, sink: S) -> Result<Committer> {
+    let name = log.committer_name();
+    let d = Deliverer::claim(log.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let handle = std::thread::Builder::new()
-        .name(shared.committer_name())
+        .name(name)
         .spawn(move || run(d, sink, &stop2))
         .map_err(|e| Error::io("start the committer thread", e))?;
     Ok(Committer {
-        shared: shared.clone(),
+        log,
         stop,
         handle: Some(handle),
     })
 }
 
 fn run<S: Sink>(mut d: Deliverer, mut sink: S, stop: &AtomicBool) {
-    let shared = d.shared().clone();
+    let log = d.log().clone();
     let mut attempt = 0u32;
     let mut rng = fastrand::Rng::new();
     let mut ahead = None;
     while !stop.load(Ordering::Acquire) {
         match step(&mut d, &mut sink, &mut ahead) {
             Ok(Step::Done(_)) => attempt = 0,
-            Ok(Step::Idle) => {
-                shared.wait_for_epoch(stop, d.delivered(), Duration::from_millis(200))
-            }
+            Ok(Step::Idle) => log.wait_for_epoch(stop, d.delivered(), Duration::from_millis(200)),
             Err(e) => {
                 attempt = attempt.saturating_add(1);
                 d.note_error(&e, attempt);
                 let delay = d.retry_delay(&e, attempt, &mut rng);
                 tracing::warn!(error = %e, attempt, ?delay, "delivery failed; retrying");
-                shared.pause(stop, delay);
+                log.pause(stop, delay);
             }
         }
     }
@@ -190,7 +183,7 @@ fn run<S: Sink>(mut d: Deliverer, mut sink: S, stop: &AtomicBool) {
 /// A running committer thread. Dropping it stops the thread (after the epoch in progress).
 #[derive(Debug)]
 pub struct Committer {
-    shared: Arc<Shared>,
+    log: Arc<dyn DeliveryLog>,
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
 }
@@ -204,7 +197,7 @@ impl Committer {
 
     fn stop_and_join(&mut self) {
         self.stop.store(true, Ordering::Release);
-        self.shared.wake();
+        self.log.wake();
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }

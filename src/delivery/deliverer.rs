@@ -8,8 +8,8 @@
 //! sink and reports the outcome ([`Deliverer::finish`]). An error stops at that epoch; the
 //! next `next_step` offers the same epoch again, so nothing is ever skipped.
 
+use crate::delivery::log::{Delivery, DeliveryLog};
 use crate::error::{Error, ErrorKind, Result};
-use crate::wal::Shared;
 use crate::{Epoch, EpochKey, SinkError, SinkErrorClass};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,14 +49,6 @@ fn failpoint(_name: &str) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// Delivery progress that survives between deliverers (it lives in the log's shared state):
-/// epochs delivered but not yet marked.
-#[derive(Debug, Default)]
-pub(crate) struct Delivery {
-    delivered: Option<u64>,
-    unmarked: usize,
 }
 
 /// What a driver does next; see [`Deliverer::next_step`].
@@ -140,28 +132,33 @@ pub struct ReadAheadEpoch {
     epoch: Result<Epoch>,
 }
 
+impl ReadAheadEpoch {
+    /// The checkpoint id of the epoch it holds.
+    pub fn checkpoint(&self) -> u64 {
+        self.info.id
+    }
+}
+
 /// The log's one place for an epoch read ahead, held from [`Deliverer::read_ahead`] until
 /// the epoch is taken or dropped.
 #[derive(Debug)]
-struct AheadSlot(Arc<Shared>);
+struct AheadSlot(Arc<dyn DeliveryLog>);
 
 impl AheadSlot {
-    fn take(shared: &Arc<Shared>) -> Option<AheadSlot> {
-        use std::sync::atomic::Ordering;
-        shared
-            .reading_ahead
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .ok()
-            .map(|_| AheadSlot(shared.clone()))
+    fn take(log: &Arc<dyn DeliveryLog>) -> Option<AheadSlot> {
+        log.state().try_read_ahead().then(|| AheadSlot(log.clone()))
     }
 }
 
 impl Drop for AheadSlot {
     fn drop(&mut self) {
-        self.0
-            .reading_ahead
-            .store(false, std::sync::atomic::Ordering::Release);
+        self.0.state().release_read_ahead();
     }
+}
+
+/// Whether `a` and `b` are the same log (the data pointers, whatever the vtables).
+fn same_log(a: &Arc<dyn DeliveryLog>, b: &Arc<dyn DeliveryLog>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
 }
 
 /// The right to deliver one log's epochs, with the protocol as steps; from
@@ -173,21 +170,19 @@ impl Drop for AheadSlot {
 /// I/O say so; async drivers run them off the runtime.
 #[derive(Debug)]
 pub struct Deliverer {
-    shared: Arc<Shared>,
+    shared: Arc<dyn DeliveryLog>,
     d: Delivery,
 }
 
 impl Deliverer {
-    pub(crate) fn claim(shared: &Arc<Shared>) -> Result<Deliverer> {
-        if !shared.try_claim() {
+    pub(crate) fn claim(shared: Arc<dyn DeliveryLog>) -> Result<Deliverer> {
+        if !shared.state().try_claim() {
             return Err(Error::invalid_op(
                 "another deliverer (a committer, deliver_ready or an async driver) is delivering this log",
             ));
         }
-        Ok(Deliverer {
-            shared: shared.clone(),
-            d: std::mem::take(&mut *shared.delivery()),
-        })
+        let d = std::mem::take(&mut *shared.state().progress());
+        Ok(Deliverer { shared, d })
     }
 
     /// The next step (I/O: may mark and free segments, and reads the commit store). Marks
@@ -305,7 +300,7 @@ impl Deliverer {
     /// comes again), is dropped and `p` read now, so its error, if any, is this read's.
     pub fn read_or_take(&self, p: &Pending, ahead: Option<ReadAheadEpoch>) -> Result<Epoch> {
         match ahead {
-            Some(a) if Arc::ptr_eq(&a.slot.0, &self.shared) && a.info.same_frames(&p.info) => {
+            Some(a) if same_log(&a.slot.0, &self.shared) && a.info.same_frames(&p.info) => {
                 match a.epoch {
                     Ok(e) => Ok(e),
                     Err(_) => self.read(p),
@@ -375,7 +370,7 @@ impl Deliverer {
         self.d.delivered
     }
 
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
+    pub(crate) fn log(&self) -> &Arc<dyn DeliveryLog> {
         &self.shared
     }
 
@@ -392,7 +387,7 @@ impl Deliverer {
 /// [`Deliverer::next_step_deferring_mark`] to run while the sink takes the next epoch.
 #[derive(Debug)]
 pub struct DueMark {
-    shared: Arc<Shared>,
+    shared: Arc<dyn DeliveryLog>,
     id: u64,
     covers: usize,
 }
@@ -436,7 +431,186 @@ impl Deliverer {
 
 impl Drop for Deliverer {
     fn drop(&mut self) {
-        *self.shared.delivery() = std::mem::take(&mut self.d);
-        self.shared.release_claim();
+        *self.shared.state().progress() = std::mem::take(&mut self.d);
+        self.shared.state().release_claim();
+    }
+}
+
+/// What [`Deliverer::plan`] found: the first half of one step of the protocol.
+#[derive(Debug)]
+pub enum Plan {
+    /// Nothing is deliverable now.
+    Idle,
+    /// The commit store already covers this checkpoint: nothing to send, go on.
+    Committed(u64),
+    /// This epoch's turn: ask a marker-keeping sink about it, then [`Deliverer::load`] it.
+    Due(Turn),
+}
+
+/// One epoch's turn, from [`Deliverer::plan`] to [`Deliverer::complete`]: the epoch that is
+/// due, and the mark due for the epochs before it (made beside the sink call, or at once when
+/// there is nothing to overlap it with).
+#[derive(Debug)]
+pub struct Turn {
+    p: Pending,
+    due: Option<DueMark>,
+}
+
+impl Turn {
+    /// Sink id, subtask and checkpoint id of the epoch.
+    pub fn key(&self) -> &EpochKey {
+        self.p.key()
+    }
+
+    /// The checkpoint id.
+    pub fn checkpoint(&self) -> u64 {
+        self.p.checkpoint()
+    }
+
+    /// Number of records.
+    pub fn records(&self) -> u64 {
+        self.p.records()
+    }
+
+    /// Payload bytes.
+    pub fn bytes(&self) -> u64 {
+        self.p.bytes()
+    }
+
+    /// The read ahead a driver holds in `held` (tagged with its checkpoint id), for this
+    /// turn: taken when it is this epoch's, kept when it is a later epoch's (this epoch came
+    /// again after a failure, and the later one still comes after it), dropped otherwise (a
+    /// restore voided it). The same rule for every driver, whatever it holds (the read itself,
+    /// or a handle to a read under way).
+    pub fn take_ahead<T>(&self, held: &mut Option<(u64, T)>) -> Option<T> {
+        match held.take() {
+            Some((id, a)) if id == self.checkpoint() => Some(a),
+            Some((id, a)) if id > self.checkpoint() => {
+                *held = Some((id, a));
+                None
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A turn whose epoch is read, from [`Deliverer::load`]: the epoch for the sink, and the work
+/// to run beside the sink's call (both I/O, both optional).
+#[derive(Debug)]
+pub struct Loaded {
+    /// The epoch to hand to the sink; an empty epoch is not handed to it (its outcome is
+    /// `Ok`).
+    pub epoch: Epoch,
+    /// The mark due for the epochs before this one: run it ([`DueMark::run`]) beside the
+    /// sink and report it with [`Deliverer::marked`] after [`Deliverer::complete`].
+    pub mark: Option<DueMark>,
+    /// The read of the next deliverable epoch: run it ([`ReadAhead::read`]) beside the sink
+    /// and hold the result for the next turn ([`Turn::take_ahead`]).
+    pub next: Option<ReadAhead>,
+    /// What [`Deliverer::complete`] needs to record the sink's outcome.
+    pub landing: Landing,
+}
+
+/// The epoch of a [`Loaded`] turn, for [`Deliverer::complete`].
+#[derive(Debug)]
+pub struct Landing(Pending);
+
+impl Landing {
+    /// Sink id, subtask and checkpoint id of the epoch.
+    pub fn key(&self) -> &EpochKey {
+        self.0.key()
+    }
+
+    /// The checkpoint id.
+    pub fn checkpoint(&self) -> u64 {
+        self.0.checkpoint()
+    }
+
+    /// Number of records.
+    pub fn records(&self) -> u64 {
+        self.0.records()
+    }
+
+    /// Payload bytes.
+    pub fn bytes(&self) -> u64 {
+        self.0.bytes()
+    }
+}
+
+/// The turn API: every driver (the committer thread, `deliver_ready`, the async committer)
+/// takes one step as `plan` → (a marker-keeping sink's `is_committed`: `skip` or `abandon`) →
+/// `load` → the sink's `deliver` beside `Loaded::mark` and `Loaded::next` → `complete` →
+/// `marked`. Only how a driver runs the I/O (on its thread, on scoped threads, on a blocking
+/// pool) and how it calls the sink differ.
+impl Deliverer {
+    /// The first half of a step (I/O: may mark and free segments, and reads the commit
+    /// store): what is due next.
+    pub fn plan(&mut self) -> Result<Plan> {
+        Ok(match self.next_step_deferring_mark()? {
+            (Next::Idle, _) => Plan::Idle,
+            (Next::Committed(id), _) => Plan::Committed(id),
+            (Next::Deliver(p), due) => Plan::Due(Turn { p, due }),
+        })
+    }
+
+    /// A marker-keeping sink says the target already holds the turn's epoch: it counts as
+    /// delivered without being sent, and the due mark is made now (I/O).
+    pub fn skip(&mut self, t: Turn) -> Result<()> {
+        self.skip_committed(t.p);
+        self.settle(t.due)
+    }
+
+    /// The turn ends with `e` before the sink took the epoch (its `is_committed` failed): the
+    /// due mark is made now (I/O), and its error, if any, is returned in place of `e`.
+    pub fn abandon(&mut self, t: Turn, e: Error) -> Error {
+        match self.settle(t.due) {
+            Ok(()) => e,
+            Err(mark) => mark,
+        }
+    }
+
+    /// Reads the turn's epoch (I/O), from `ahead` when it holds it (see
+    /// [`Deliverer::read_or_take`]). When the epoch is empty, or its read fails, the due mark
+    /// is made now (there is no sink call to overlap it with); a read failure ends the turn.
+    pub fn load(&mut self, t: Turn, ahead: Option<ReadAheadEpoch>) -> Result<Loaded> {
+        let Turn { p, due } = t;
+        let epoch = match self.read_or_take(&p, ahead) {
+            Ok(e) => e,
+            Err(e) => {
+                self.settle(due)?;
+                return Err(e);
+            }
+        };
+        let (mark, next) = if epoch.is_empty() {
+            self.settle(due)?;
+            (None, None)
+        } else {
+            (due, self.read_ahead(&p))
+        };
+        Ok(Loaded {
+            epoch,
+            mark,
+            next,
+            landing: Landing(p),
+        })
+    }
+
+    /// Records the sink's outcome for the loaded epoch (no I/O): call it as soon as the sink
+    /// answered, before waiting for the mark beside it, so that a driver stopped in between
+    /// never leaves an epoch the sink took uncounted. See [`Deliverer::finish`].
+    pub fn complete(
+        &mut self,
+        landing: Landing,
+        epoch: &Epoch,
+        outcome: std::result::Result<(), SinkError>,
+    ) -> Result<()> {
+        self.finish(landing.0, epoch, outcome)
+    }
+
+    fn settle(&mut self, due: Option<DueMark>) -> Result<()> {
+        match due {
+            Some(due) => self.mark_now(due),
+            None => Ok(()),
+        }
     }
 }

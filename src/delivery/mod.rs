@@ -5,4 +5,5 @@ pub(crate) mod catalog;
 pub(crate) mod commit_store;
 pub(crate) mod committer;
 pub(crate) mod deliverer;
+pub(crate) mod log;
 pub(crate) mod sink;

@@ -55,3 +55,25 @@ pub(crate) fn replace(storage: &dyn Storage, name: &str, data: &[u8]) -> std::io
         data,
     )
 }
+
+/// Removes free file `name` and syncs the directory, as every removal of the log's; a file
+/// already gone counts as removed. `now`: cut it to nothing first, so that its blocks come back
+/// at once (a removed file's blocks come back only at its last close, which may come later);
+/// harmless at a crash, as an empty free file is reused as any other.
+pub(crate) fn remove_free_file(
+    storage: &dyn Storage,
+    name: &str,
+    now: bool,
+) -> std::io::Result<()> {
+    if now {
+        match storage.open(name) {
+            Ok(f) => f.set_len(0)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    match storage.remove(name) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => storage.sync_dir(),
+    }
+}

@@ -13,22 +13,16 @@
 //! free file's blocks back first ([`Shared::with_room`]), so a surplus never keeps a full disk
 //! from draining.
 
-use super::Shared;
+use super::{Freeing, Shared};
 use crate::delivery::commit_store::CommitStore;
 use crate::error::{Error, ErrorKind, Result};
+use crate::log::files::remove_free_file;
 use crate::log::format::{self, Position};
-use crate::storage::{reserve, Storage};
+use crate::storage::reserve;
 
 /// While delivery is busy, one free file beyond `max_free_segments` is removed per this many
 /// segments freed; the rest wait until nothing is deliverable.
 pub(crate) const TRIM_EVERY: u32 = 16;
-
-/// What the freeing passes share, under [`Shared::freeing`].
-#[derive(Debug, Default)]
-pub(crate) struct Freeing {
-    /// Segments freed since a free file was last removed while delivery was busy.
-    since_trim: u32,
-}
 
 impl Shared {
     /// Position below which no live frame remains: the start of the oldest uncommitted epoch,
@@ -198,26 +192,4 @@ impl Shared {
 /// Whether `e` is an I/O error saying the disk (or the quota) is full.
 pub(crate) fn is_disk_full(e: &Error) -> bool {
     matches!(e.kind(), ErrorKind::Io { source, .. } if reserve::is_full(source))
-}
-
-/// Removes free file `name` and syncs the directory, as every removal of the log's; a file
-/// already gone counts as removed. `now`: cut it to nothing first, so that its blocks come back
-/// at once (a removed file's blocks come back only at its last close, which may come later);
-/// harmless at a crash, as an empty free file is reused as any other.
-pub(crate) fn remove_free_file(
-    storage: &dyn Storage,
-    name: &str,
-    now: bool,
-) -> std::io::Result<()> {
-    if now {
-        match storage.open(name) {
-            Ok(f) => f.set_len(0)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-    }
-    match storage.remove(name) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => storage.sync_dir(),
-    }
 }

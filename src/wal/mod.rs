@@ -13,7 +13,9 @@ use crate::delivery::catalog::{now_ms, Catalog, EpochInfo, Health, PendingCheckp
 use crate::delivery::commit_store::{CommitStore, LocalCommitStore};
 use crate::delivery::committer::{self, Committer};
 use crate::delivery::deliverer::Deliverer;
+use crate::delivery::log::DeliveryState;
 use crate::error::{Error, ErrorKind, Result};
+use crate::log::files;
 use crate::log::format::{self, FrameKind, Position};
 use crate::log::recover::{self, Recovered, RecoveryReport};
 use crate::log::segment::{NewSegment, SegmentWriter};
@@ -45,6 +47,13 @@ pub(crate) struct Writer {
     salt_rng: fastrand::Rng,
 }
 
+/// What the freeing passes share (`cleanup.rs`), under [`Shared::freeing`].
+#[derive(Debug, Default)]
+pub(crate) struct Freeing {
+    /// Segments freed since a free file was last removed while delivery was busy.
+    pub(crate) since_trim: u32,
+}
+
 /// A wake-up registered with [`WalSink::on_change`].
 type Listener = Box<dyn Fn() + Send + Sync>;
 
@@ -67,20 +76,14 @@ pub(crate) struct Shared {
     /// When `store` forgets across restarts: the durable floor raised before segments are
     /// freed (see [`CommitStore::survives_restart`]).
     floor: Option<Mutex<LocalCommitStore>>,
-    /// Epochs delivered but not yet marked, kept between `deliver_ready` calls and committer
-    /// runs so that only a crash can make an epoch go out twice.
-    delivery: Mutex<crate::delivery::deliverer::Delivery>,
+    /// What delivery keeps between its deliverers (delivery's state; the log only holds it).
+    delivery: DeliveryState,
     /// Called whenever the catalog changes (sealed, completed, committed, restored, shut
     /// down): wakes waiters that cannot sit on `cat_cv`, such as async tasks.
     listeners: Mutex<Vec<Listener>>,
-    /// Set while someone delivers (a committer thread or `deliver_ready`): one at a time.
-    delivering: std::sync::atomic::AtomicBool,
-    /// Set while an epoch read ahead of its turn exists (being read, or read and not yet
-    /// taken or dropped): one at a time, whatever the drivers do.
-    pub(crate) reading_ahead: std::sync::atomic::AtomicBool,
     /// Held while segments are freed: one pass at a time, also when a mark made beside the
     /// sink outlives the deliverer that started it (a dropped async call).
-    pub(crate) freeing: Mutex<cleanup::Freeing>,
+    pub(crate) freeing: Mutex<Freeing>,
     open_bytes: AtomicU64,
     /// Read buffers reused between delivered epochs.
     read_pool: Arc<crate::BufferPool>,
@@ -256,7 +259,7 @@ impl WalSink {
         // taken after the new segment's first block, which the log cannot open without. Free
         // files a drain kept may hold the disk's last blocks: the oldest are given back for it.
         while !crate::storage::reserve::keep(&*storage) && !free.is_empty() {
-            if cleanup::remove_free_file(&*storage, &format::free_name(free[0]), true).is_err() {
+            if files::remove_free_file(&*storage, &format::free_name(free[0]), true).is_err() {
                 break;
             }
             free.remove(0);
@@ -305,10 +308,8 @@ impl WalSink {
             cat_cv: Condvar::new(),
             store: Mutex::new(store),
             floor,
-            delivery: Mutex::new(Default::default()),
+            delivery: DeliveryState::default(),
             listeners: Mutex::new(Vec::new()),
-            delivering: std::sync::atomic::AtomicBool::new(false),
-            reading_ahead: std::sync::atomic::AtomicBool::new(false),
             freeing: Mutex::new(Default::default()),
             open_bytes: AtomicU64::new(0),
             read_pool: crate::log::reader::read_pool(),
@@ -627,7 +628,7 @@ impl WalSink {
     /// permanent sink error ([`SinkError::from_panic`](crate::SinkError::from_panic)), counted
     /// in [`Health::errors`] and shown in [`Health::last_error`] like any other.
     pub fn deliver_ready(&self, sink: &mut dyn Sink) -> Result<usize> {
-        committer::deliver_ready(&self.shared, sink)
+        committer::deliver_ready(self.shared.clone(), sink)
     }
 
     /// Starts a committer thread that delivers to `sink` until [`Committer::shutdown`]. Sink
@@ -641,14 +642,14 @@ impl WalSink {
     /// `InvalidOperation` while another deliverer runs; an I/O error if the thread cannot be
     /// started.
     pub fn spawn_committer<S: Sink + 'static>(&self, sink: S) -> Result<Committer> {
-        committer::spawn(&self.shared, sink)
+        committer::spawn(self.shared.clone(), sink)
     }
 
     /// Takes the right to deliver this log and returns the delivery protocol as steps, for a
     /// driver of its own (an async runtime, a sink that needs its own thread). Fails with
     /// `InvalidOperation` while another deliverer (a committer thread, `deliver_ready`) runs.
     pub fn deliverer(&self) -> Result<Deliverer> {
-        Deliverer::claim(&self.shared)
+        Deliverer::claim(self.shared.clone())
     }
 
     /// Registers `f` to be called whenever the set of deliverable or committed checkpoints

@@ -1,18 +1,17 @@
-//! The delivery seam: the few operations the committer (`delivery::committer`) needs from a
-//! log. The committer reaches the log's state only through these.
+//! The delivery seam: the log's side of [`DeliveryLog`], the few operations delivery
+//! (`crate::delivery`) needs from a log. Delivery reaches the log's state only through these.
 
 use super::Shared;
 use crate::delivery::catalog::EpochInfo;
-use crate::delivery::deliverer::Delivery;
+use crate::delivery::log::{DeliveryLog, DeliveryState};
 use crate::error::{Error, Result};
 use crate::{Epoch, EpochKey, RetryPolicy};
-use parking_lot::MutexGuard;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-impl Shared {
+impl DeliveryLog for Shared {
     /// The key of checkpoint `checkpoint` of this log.
-    pub(crate) fn epoch_key(&self, checkpoint: u64) -> EpochKey {
+    fn epoch_key(&self, checkpoint: u64) -> EpochKey {
         EpochKey {
             sink_id: self.sink_id.clone(),
             subtask: self.opts.subtask,
@@ -21,7 +20,7 @@ impl Shared {
     }
 
     /// The oldest sealed epoch after `after`, if it is deliverable.
-    pub(crate) fn next_deliverable(&self, after: Option<u64>) -> Option<EpochInfo> {
+    fn next_deliverable(&self, after: Option<u64>) -> Option<EpochInfo> {
         let cat = self.cat.lock();
         cat.epochs
             .iter()
@@ -31,7 +30,7 @@ impl Shared {
     }
 
     /// The commit store's mark.
-    pub(crate) fn stored_mark(&self) -> Result<Option<u64>> {
+    fn stored_mark(&self) -> Result<Option<u64>> {
         self.store
             .lock()
             .last_committed(&self.sink_id, self.opts.subtask)
@@ -39,7 +38,7 @@ impl Shared {
 
     /// Durably records every checkpoint `<= id` as committed in the commit store, then drops
     /// those epochs from the catalog; the success clears the error shown by `health`.
-    pub(crate) fn record_mark(&self, id: u64) -> Result<()> {
+    fn record_mark(&self, id: u64) -> Result<()> {
         self.with_room(|| {
             self.store
                 .lock()
@@ -56,12 +55,12 @@ impl Shared {
     }
 
     /// The commit store already covers `id` (a crash after marking, before clean-up).
-    pub(crate) fn forget_through(&self, id: u64) {
+    fn forget_through(&self, id: u64) {
         self.cat.lock().committed_through(id);
     }
 
     /// Epoch `e`, ready for a sink (read whole now, or chunk by chunk as it is iterated).
-    pub(crate) fn read_epoch(&self, e: &EpochInfo) -> Result<Epoch> {
+    fn read_epoch(&self, e: &EpochInfo) -> Result<Epoch> {
         crate::delivery::sink::load_epoch(
             &self.storage,
             &self.read_pool,
@@ -72,7 +71,7 @@ impl Shared {
     }
 
     /// A sink took an epoch of `records` records.
-    pub(crate) fn note_delivered(&self, records: u64) {
+    fn note_delivered(&self, records: u64) {
         let mut cat = self.cat.lock();
         cat.health.delivered_epochs += 1;
         cat.health.delivered_records += records;
@@ -81,12 +80,12 @@ impl Shared {
 
     /// A deliverer found nothing deliverable, every delivered epoch marked and the freeing
     /// done: an error shown before is no longer current.
-    pub(crate) fn note_idle(&self) {
+    fn note_idle(&self) {
         self.cat.lock().health.clear_error();
     }
 
     /// A delivery or mark failed, at the `attempt`-th try of the same epoch.
-    pub(crate) fn note_error(&self, e: &Error, attempt: u32) {
+    fn note_error(&self, e: &Error, attempt: u32) {
         let mut cat = self.cat.lock();
         cat.health.errors += 1;
         cat.health.retries = attempt;
@@ -94,18 +93,18 @@ impl Shared {
     }
 
     /// Epochs delivered before their run is marked.
-    pub(crate) fn mark_every(&self) -> usize {
+    fn mark_every(&self) -> usize {
         self.opts.mark_every
     }
 
     /// How failed deliveries are retried.
-    pub(crate) fn retry_policy(&self) -> &RetryPolicy {
+    fn retry_policy(&self) -> &RetryPolicy {
         &self.opts.retry
     }
 
     /// Waits up to `timeout` (less if woken) for an epoch after `after` to become deliverable,
     /// unless `stop` is set or one already is.
-    pub(crate) fn wait_for_epoch(&self, stop: &AtomicBool, after: Option<u64>, timeout: Duration) {
+    fn wait_for_epoch(&self, stop: &AtomicBool, after: Option<u64>, timeout: Duration) {
         let mut cat = self.cat.lock();
         let ready = cat
             .epochs
@@ -117,19 +116,37 @@ impl Shared {
     }
 
     /// Waits `delay` (less if woken) unless `stop` is set: the backoff before a retry.
-    pub(crate) fn pause(&self, stop: &AtomicBool, delay: Duration) {
+    fn pause(&self, stop: &AtomicBool, delay: Duration) {
         let mut cat = self.cat.lock();
         if !stop.load(Ordering::Acquire) {
             self.cat_cv.wait_for(&mut cat, delay);
         }
     }
 
-    /// Wakes a committer waiting in [`Shared::wait_for_epoch`] or [`Shared::pause`].
-    pub(crate) fn wake(&self) {
+    /// Wakes a committer waiting in `wait_for_epoch` or `pause`.
+    fn wake(&self) {
         let _cat = self.cat.lock();
         self.catalog_changed();
     }
 
+    fn collect_garbage(&self) -> Result<()> {
+        Shared::collect_garbage(self)
+    }
+
+    fn trim_idle(&self) -> Result<()> {
+        Shared::trim_idle(self)
+    }
+
+    fn committer_name(&self) -> String {
+        format!("walsink-committer-{}", self.sink_id)
+    }
+
+    fn state(&self) -> &DeliveryState {
+        &self.delivery
+    }
+}
+
+impl Shared {
     /// Wakes every waiter on the catalog: threads on `cat_cv` and the registered listeners.
     /// Called with the catalog lock held.
     pub(crate) fn catalog_changed(&self) {
@@ -137,28 +154,6 @@ impl Shared {
         for f in self.listeners.lock().iter() {
             f();
         }
-    }
-
-    /// The delivery state kept between deliverers.
-    pub(crate) fn delivery(&self) -> MutexGuard<'_, Delivery> {
-        self.delivery.lock()
-    }
-
-    /// Takes the right to deliver (one deliverer at a time); false when someone has it.
-    pub(crate) fn try_claim(&self) -> bool {
-        self.delivering
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
-    /// Gives the right to deliver back.
-    pub(crate) fn release_claim(&self) {
-        self.delivering.store(false, Ordering::Release);
-    }
-
-    /// A name for the committer thread.
-    pub(crate) fn committer_name(&self) -> String {
-        format!("walsink-committer-{}", self.sink_id)
     }
 
     /// Waits until checkpoint `id` is committed, or `timeout` passes (`Duration::MAX`, too

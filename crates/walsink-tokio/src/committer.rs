@@ -8,9 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tracing::Instrument;
-use walsink::{
-    Deliverer, DueMark, Epoch, Next, Pending, ReadAheadEpoch, Result, SinkError, WalSink,
-};
+use walsink::{Deliverer, Loaded, Plan, ReadAheadEpoch, Result, SinkError, WalSink};
 
 /// Runs `f` with the deliverer on the blocking pool and hands it back.
 async fn blocking<T: Send + 'static>(
@@ -57,87 +55,77 @@ enum Step {
     Done,
 }
 
-/// The epoch after the one being delivered, read on the blocking pool meanwhile.
+/// The epoch after the one being delivered, read on the blocking pool meanwhile, tagged with
+/// its checkpoint id ([`Turn::take_ahead`](walsink::Turn::take_ahead)).
 type Ahead = Option<(u64, tokio::task::JoinHandle<ReadAheadEpoch>)>;
 
-/// One step of the protocol into an async sink: the async twin of the committer thread's.
-/// While the sink takes a large epoch, the mark due for the epochs before it is made, and
-/// the next epoch (if deliverable and large enough) is read into `ahead` for the next step,
-/// each on the blocking pool.
+/// One step of the protocol into an async sink, through the turn API of [`Deliverer`] that
+/// the committer thread drives too: every step that touches the disk runs on the blocking
+/// pool, and the mark due for the epochs before this one and the read of the next epoch run
+/// there beside the sink's call.
 async fn step<S: AsyncSink>(
     d: Deliverer,
     sink: &mut S,
     ahead: &mut Ahead,
 ) -> (Deliverer, Result<Step>) {
-    let (d, next) = blocking(d, |d| d.next_step_deferring_mark()).await;
-    let (p, due): (Pending, Option<DueMark>) = match next {
+    let (d, plan) = blocking(d, |d| d.plan()).await;
+    let t = match plan {
         Err(e) => return (d, Err(e)),
-        Ok((Next::Idle, _)) => return (d, Ok(Step::Idle)),
-        Ok((Next::Committed(_), _)) => return (d, Ok(Step::Done)),
-        Ok((Next::Deliver(p), due)) => (p, due),
+        Ok(Plan::Idle) => return (d, Ok(Step::Idle)),
+        Ok(Plan::Committed(_)) => return (d, Ok(Step::Done)),
+        Ok(Plan::Due(t)) => t,
     };
-    let mut d = d;
     if sink.stores_marker() {
-        match guarded(|| sink.is_committed(p.key())).await {
+        match guarded(|| sink.is_committed(t.key())).await {
             Ok(true) => {
-                d.skip_committed(p);
-                let (d, r) = settle_mark(d, due).await;
+                let (d, r) = blocking(d, move |d| d.skip(t)).await;
                 return (d, r.map(|()| Step::Done));
             }
             Ok(false) => {}
             Err(e) => {
-                let (d, r) = settle_mark(d, due).await;
-                return (d, r.and(Err(e.into())));
+                let (d, e) = blocking(d, move |d| d.abandon(t, e.into())).await;
+                return (d, Err(e));
             }
         }
     }
-    // A read ahead of this epoch is used; one of a later epoch is kept for its turn (this
-    // epoch comes again after a failure); any other is dropped (it finishes on its own).
-    let mine = match ahead.take() {
-        Some((id, h)) if id == p.checkpoint() => h.await.ok(),
-        Some((id, h)) if id > p.checkpoint() => {
-            *ahead = Some((id, h));
-            None
-        }
-        _ => None,
+    // A read of a later epoch is kept for its turn; any other not taken is dropped (it
+    // finishes on its own).
+    let mine = match t.take_ahead(ahead) {
+        Some(h) => h.await.ok(),
+        None => None,
     };
-    let (d, (p, epoch)) = blocking(d, move |d| {
-        let epoch = d.read_or_take(&p, mine);
-        (p, epoch)
-    })
-    .await;
-    let epoch: Epoch = match epoch {
-        Ok(e) => e,
-        Err(e) => {
-            let (d, r) = settle_mark(d, due).await;
-            return (d, r.and(Err(e)));
-        }
+    let (mut d, loaded) = blocking(d, move |d| d.load(t, mine)).await;
+    let Loaded {
+        epoch,
+        mark,
+        next,
+        landing,
+    } = match loaded {
+        Ok(l) => l,
+        Err(e) => return (d, Err(e)),
     };
-    let mut d = d;
     let span = tracing::info_span!(
         "deliver",
-        sink_id = %p.key().sink_id,
-        subtask = p.key().subtask,
-        checkpoint = p.checkpoint(),
-        records = p.records(),
-        bytes = p.bytes(),
+        sink_id = %landing.key().sink_id,
+        subtask = landing.key().subtask,
+        checkpoint = landing.checkpoint(),
+        records = landing.records(),
+        bytes = landing.bytes(),
     );
-    let marking = due.map(|due| tokio::task::spawn_blocking(move || due.run()));
+    let marking = mark.map(|due| tokio::task::spawn_blocking(move || due.run()));
+    if let Some(next) = next {
+        let id = next.checkpoint();
+        *ahead = Some((id, tokio::task::spawn_blocking(move || next.read())));
+    }
     let outcome = if epoch.is_empty() {
         Ok(())
     } else {
-        if let Some(next) = d.read_ahead(&p) {
-            let id = next.checkpoint();
-            if ahead.as_ref().is_none_or(|(held, _)| *held != id) {
-                *ahead = Some((id, tokio::task::spawn_blocking(move || next.read())));
-            }
-        }
         guarded(|| sink.deliver(&epoch).instrument(span)).await
     };
     // The sink's outcome is recorded before anything else is awaited: dropped while the mark
     // is still being made, the step must not leave an epoch the sink took uncounted (it would
     // go to the target again without a crash).
-    let finished = d.finish(p, &epoch, outcome);
+    let finished = d.complete(landing, &epoch, outcome);
     // A mark whose task failed is made by a later step, as after a failed mark; one still
     // running when this future is dropped finishes on its own, and a later step marks again.
     let marked = match marking {
@@ -145,17 +133,7 @@ async fn step<S: AsyncSink>(
         None => None,
     };
     let mark = marked.map_or(Ok(()), |m| d.marked(m));
-    let r = finished.and(mark).map(|()| Step::Done);
-    (d, r)
-}
-
-/// Makes a due mark now on the blocking pool, for a step that delivers nothing to overlap
-/// it with.
-async fn settle_mark(d: Deliverer, due: Option<DueMark>) -> (Deliverer, Result<()>) {
-    match due {
-        Some(due) => blocking(d, move |d| d.mark_now(due)).await,
-        None => (d, Ok(())),
-    }
+    (d, finished.and(mark).map(|()| Step::Done))
 }
 
 /// Delivers every deliverable epoch into `sink`, in order, on the calling task, and marks

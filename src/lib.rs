@@ -31,6 +31,7 @@ pub use delivery::sink::{
 pub use error::{CorruptionReason, Damage, Error, ErrorKind, Result, SinkError, SinkErrorClass};
 pub use log::format;
 pub use log::recover::RecoveryReport;
+pub use log::segment_dump::{dump_segment, SegmentDump, SegmentRecord, SegmentRecordState};
 pub use log::verify::{
     dump, verify, CheckpointSummary, DumpState, Problem, ProblemKind, VerifyReport,
 };

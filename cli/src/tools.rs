@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use walsink::format::{self, FrameError, FrameKind};
+use walsink::format;
 use walsink::storage::FsStorage;
 use walsink::{Problem, VerifyReport};
 
@@ -382,7 +382,7 @@ pub fn dump(args: &DumpArgs) -> CliResult<ExitCode> {
     let st = storage(dir)?;
     let report = walsink::verify(&st)?;
     if let Some(seg) = &args.segment {
-        return dump_segment(dir, seg, args, report.committed);
+        return dump_segment(dir, seg, args);
     }
     let out = std::io::stdout();
     let mut out = std::io::BufWriter::new(out.lock());
@@ -451,17 +451,9 @@ pub fn dump(args: &DumpArgs) -> CliResult<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// One record of a segment dump: checkpoint, index in its epoch, state, data.
-type Row<'a> = (Option<u64>, Option<u64>, &'a str, &'a [u8]);
-
-/// `walsink dump --segment`: the frames of one segment file, read with the format's own
-/// decoder (no recovery, nothing changed).
-fn dump_segment(
-    dir: &Path,
-    seg: &str,
-    args: &DumpArgs,
-    committed: Option<u64>,
-) -> CliResult<ExitCode> {
+/// `walsink dump --segment`: the records of one segment file, as the library reads them
+/// ([`walsink::dump_segment`]: the format's own decoder, no recovery, nothing changed).
+fn dump_segment(dir: &Path, seg: &str, args: &DumpArgs) -> CliResult<ExitCode> {
     let seq = seg
         .parse::<u64>()
         .ok()
@@ -469,70 +461,21 @@ fn dump_segment(
         .ok_or_else(|| {
             format!("--segment {seg:?}: give a segment file name (NNNN….wseg) or its number")
         })?;
-    let name = format::segment_name(seq);
-    let path = dir.join(&name);
-    let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let seed = format::decode_segment_header(&bytes, seq).map_err(|e| {
-        Refused(format!(
-            "{}: the segment header does not verify ({e:?})",
-            path.display()
-        ))
-    })?;
-    // Walk the frames: data frames wait for the barrier that names their checkpoint.
-    let mut pending: Vec<&[u8]> = Vec::new();
-    let mut rows: Vec<Row<'_>> = Vec::new();
-    let mut at = format::SEGMENT_HEADER_LEN;
-    let mut damage = None;
-    let mut seen_control = false;
-    loop {
-        match format::decode_frame(&bytes, seed, at) {
-            Ok(f) => {
-                match f.kind {
-                    FrameKind::Data => pending.push(f.payload),
-                    FrameKind::Barrier => {
-                        let b = format::Barrier::decode(f.payload)
-                            .ok_or_else(|| format!("{name} offset {at}: barrier too short"))?;
-                        let state = if committed.is_some_and(|c| b.checkpoint <= c) {
-                            "committed"
-                        } else {
-                            "sealed"
-                        };
-                        // Records of an epoch that began in an earlier segment are its last ones.
-                        let first = if seen_control {
-                            0
-                        } else {
-                            b.records.saturating_sub(pending.len() as u64)
-                        };
-                        for (i, d) in pending.drain(..).enumerate() {
-                            rows.push((Some(b.checkpoint), Some(first + i as u64), state, d));
-                        }
-                        seen_control = true;
-                    }
-                    FrameKind::Restore => {
-                        for d in pending.drain(..) {
-                            rows.push((None, None, "voided", d));
-                        }
-                        seen_control = true;
-                    }
-                    FrameKind::SegmentEnd => break,
-                }
-                at += f.size;
-            }
-            Err(FrameError::Zero) => break,
-            Err(FrameError::ShortHeader) => {
-                damage = Some(format!("offset {at}: torn frame header"));
-                break;
-            }
-            Err(FrameError::Bad(reason)) => {
-                damage = Some(format!("offset {at}: {reason}"));
-                break;
-            }
+    let path = dir.join(format::segment_name(seq));
+    let st = storage(dir)?;
+    let dumped = walsink::dump_segment(&st, seq).map_err(|e| match e.kind() {
+        walsink::ErrorKind::Corruption(_) | walsink::ErrorKind::UnsupportedVersion { .. } => {
+            Box::new(Refused(format!(
+                "{}: the segment header does not verify ({e})",
+                path.display()
+            ))) as Box<dyn std::error::Error>
         }
-    }
-    let trailing_state = if seen_control { "continues" } else { "unknown" };
-    for (i, d) in pending.drain(..).enumerate() {
-        rows.push((None, seen_control.then_some(i as u64), trailing_state, d));
-    }
+        _ => format!("cannot read {}: {e}", path.display()).into(),
+    })?;
+    let rows = dumped
+        .records
+        .iter()
+        .map(|r| (r.checkpoint, r.index, r.state.name(), &r.data[..]));
     let out = std::io::stdout();
     let mut out = std::io::BufWriter::new(out.lock());
     let mut left = args.max_records.unwrap_or(u64::MAX);
@@ -555,7 +498,8 @@ fn dump_segment(
         dump_line(&mut out, args.json, cp, idx, state, data)?;
     }
     out.flush()?;
-    if let Some(d) = damage {
+    if let Some(d) = dumped.damage {
+        let d = format!("offset {}: {}", d.offset, d.reason);
         eprintln!(
             "warning: {} stops verifying at {d}; frames after it are not shown (a torn tail if this is the newest segment of a live or crashed log)",
             path.display()

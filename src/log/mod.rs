@@ -9,5 +9,6 @@ pub(crate) mod reader;
 pub(crate) mod recover;
 pub(crate) mod scan;
 pub(crate) mod segment;
+pub(crate) mod segment_dump;
 pub(crate) mod verify;
 pub(crate) mod window;

@@ -421,6 +421,15 @@ pub fn failure_in_text(text: &str) -> Option<TlsFailure> {
         Some(TlsFailure::NotYetValid)
     } else if has("NotValidForName") || has("not valid for name") {
         Some(TlsFailure::WrongHost)
+    } else if let Some((_, rest)) = text.split_once("received fatal alert: ") {
+        // rustls's wording of `Error::AlertReceived`, which a server sends when it refuses
+        // the handshake; over TLS 1.3 a refused client certificate shows only at the first
+        // read after the handshake, where client libraries keep the text.
+        let alert: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        Some(TlsFailure::Refused(format!("alert {alert}")))
     } else {
         None
     }
@@ -618,6 +627,12 @@ mod tests {
             }
         }
         assert_eq!(failure(&Wrap(io)), Some(TlsFailure::UnknownCa));
+        // A client library that kept only the text of an alert the server sent.
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired);
+        assert_eq!(
+            failure_in_text(&format!("connect: {alert}")),
+            Some(TlsFailure::from_rustls(&alert))
+        );
         let plain = std::io::Error::other("connection refused");
         assert_eq!(failure(&plain), None);
     }

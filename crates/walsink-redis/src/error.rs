@@ -128,22 +128,16 @@ pub(crate) fn refused(line: &str, what: &str) -> SinkError {
 /// the server refused are permanent: the sink's settings must change.
 pub(crate) fn tls_failed(f: &TlsFailure, what: &str) -> SinkError {
     let (advice, retryable) = match f {
-        TlsFailure::UnknownCa => (
-            "; set ca_file= to the PEM file of the CA that signed the server's certificate",
-            false,
-        ),
+        TlsFailure::UnknownCa => ("; set ca_file= to the CA that signed it", false),
         TlsFailure::WrongHost => (
-            "; use a host name the certificate carries in the URL, or verify=ca",
+            "; the URL's host must be one it lists, or set verify=ca",
             false,
         ),
         TlsFailure::Expired | TlsFailure::NotYetValid => (
-            "; the server needs a certificate valid now (or this machine's clock is wrong)",
+            "; the server needs a certificate valid now, or this machine's clock is wrong",
             true,
         ),
-        TlsFailure::Refused(_) => (
-            "; give the client certificate the server asks for with cert_file= and key_file=",
-            false,
-        ),
+        TlsFailure::Refused(_) => ("; give one with cert_file= and key_file=", false),
         _ => ("", false),
     };
     let msg = format!("{what}: TLS: {f}{advice}");

@@ -395,7 +395,7 @@ impl RedisSink {
     /// accept, or a handshake the server refused, is named ([`walsink_kit::tls::failure`]);
     /// a refused TCP connection, one cut in the handshake and a timeout are retryable.
     fn opening_failed(&self, e: Opening) -> SinkError {
-        let what = self.shown("connect over TLS");
+        let what = self.shown("connect");
         match e {
             Opening::Tcp(e) => SinkError::retryable(format!("{what}: {e}")).with_source(e),
             Opening::Timeout => SinkError::retryable(format!(

@@ -274,3 +274,71 @@ async fn passwords_with_plus_and_space_reach_the_server_unchanged() {
     let m = format!("{e} {e:?}");
     assert!(!m.contains("not-the") && !m.contains("w@rd"), "{m}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and redis-server")]
+async fn tls_connections_killed_mid_epoch_still_give_each_record_once() {
+    let t = setup(&["localhost"], Validity::Current, false, &[]);
+    let id = sink_id("tls-kill");
+    let key = format!("walsink-test:{id}");
+    let (_d, wal) = log(&id);
+    let want = numbered(0, 20_000);
+    seal(&wal, 1, &want[..15_000]);
+    seal(&wal, 2, &want[15_000..]);
+    let mut c = Config::from_url(&format!(
+        "{}?key={key}{}",
+        t.server.tls_url("localhost"),
+        ca_param(&t.ca.ca_file())
+    ))
+    .unwrap();
+    c.chunk_records = 50;
+    c.in_flight = 2;
+    let mut s = RedisSink::new(c).unwrap();
+    let server = std::sync::Arc::new(t.server);
+    let mut rng = fastrand::Rng::with_seed(11);
+    let (mut kills, mut failures, mut attempts) = (0u32, 0u32, 0u32);
+    loop {
+        attempts += 1;
+        assert!(attempts < 100, "no progress after {attempts} attempts");
+        s.connect().await.expect("connect");
+        let cid = s.client_id().unwrap().to_string();
+        let delay = std::time::Duration::from_micros(rng.u64(200..20_000));
+        let kill = attempts <= 12;
+        let srv = server.clone();
+        let killer = tokio::spawn(async move {
+            if !kill {
+                return 0;
+            }
+            tokio::time::sleep(delay).await;
+            tokio::task::spawn_blocking(move || srv.command(&["CLIENT", "KILL", "ID", &cid]))
+                .await
+                .unwrap()
+                .map(|r| u32::from(r == ":1"))
+                .unwrap()
+        });
+        let r = deliver_ready(&wal, &mut s).await;
+        kills += killer.await.unwrap();
+        match r {
+            Ok(_) if wal.health().committed == Some(2) => break,
+            Ok(_) => {}
+            Err(e) => {
+                failures += 1;
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("retryable"),
+                    "a lost connection is retryable: {msg}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        list(&server, None, &key).await,
+        want,
+        "each record once, in order"
+    );
+    eprintln!(
+        "over TLS: {kills} connections killed, {failures} failed deliveries, {attempts} attempts, stats {:?}",
+        s.stats()
+    );
+    assert!(kills >= 3, "too few kills landed: {kills}");
+}

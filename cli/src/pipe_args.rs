@@ -90,7 +90,8 @@ fn sink_help() -> String {
             "postgres" => "postgres://USER@HOST:PORT/DB?table=NAME[&mode=2pc] (also postgresql://): exactly-once, rows and marker in one transaction",
             "http" => "http://HOST:PORT/PATH[?max_records=N&max_bytes=B&timeout=5s]: exactly-once for a receiver that deduplicates by Idempotency-Key",
             "https" => "https://HOST:PORT/PATH[?…]: as http://, over TLS",
-            "redis" => "redis://HOST:PORT/DB?key=NAME&mode=list|stream|hash: exactly-once inside Redis",
+            "redis" => "redis://HOST:PORT/DB?key=NAME&mode=list|stream|hash[&password_file=PATH]: exactly-once inside Redis",
+            "rediss" => "rediss://HOST:PORT/DB?key=NAME[&ca_file=PATH&verify=full|ca|none&cert_file=PATH&key_file=PATH]: as redis://, over TLS",
             "nats" => "nats://HOST:PORT/?stream=NAME&subject=SUBJECT: exactly-once within the stream's duplicate window",
             _ => "",
         };

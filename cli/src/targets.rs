@@ -82,7 +82,7 @@ pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {
         #[cfg(feature = "http")]
         "http" | "https" => Some(http::parse(spec)),
         #[cfg(feature = "redis")]
-        "redis" => Some(redis::parse(spec)),
+        "redis" | "rediss" => Some(redis::parse(spec)),
         #[cfg(feature = "nats")]
         "nats" => Some(nats::parse(spec)),
         _ => None,
@@ -100,6 +100,8 @@ pub(crate) fn schemes() -> Vec<&'static str> {
         "https",
         #[cfg(feature = "redis")]
         "redis",
+        #[cfg(feature = "redis")]
+        "rediss",
         #[cfg(feature = "nats")]
         "nats",
     ];

@@ -52,7 +52,23 @@ fn a_password_holding_url_delimiters_never_appears() {
         "nats://alice:PW/SECRETtail@127.0.0.1:9/?stream=s&subject=x",
         "redis://alice:PW#SECRETtail@127.0.0.1:9/0?key=probe2:x",
         "redis://alice:PW/SECRETtail@127.0.0.1:9/0?key=probe2:x",
+        "rediss://alice:PW#SECRETtail@127.0.0.1:9/0?key=probe2:x",
+        "rediss://alice:PW/SECRETtail@127.0.0.1:9/0?key=probe2:x",
     ];
+    // The password kept out of the URL: in a file, or in the environment.
+    let pw_file = dir.path().join("redis-password");
+    fs::write(&pw_file, "PW#SECRETtail/?&\n").unwrap();
+    std::env::set_var("WALSINK_PROBE2_REDIS_PW", "PW#SECRETtail/?&");
+    let mut urls: Vec<String> = urls.iter().map(|u| u.to_string()).collect();
+    for scheme in ["redis", "rediss"] {
+        urls.push(format!(
+            "{scheme}://alice@127.0.0.1:9/0?key=probe2:x&password_file={}",
+            pw_file.display()
+        ));
+        urls.push(format!(
+            "{scheme}://127.0.0.1:9/0?key=probe2:x&password_env=WALSINK_PROBE2_REDIS_PW"
+        ));
+    }
     for (i, url) in urls.iter().enumerate() {
         let wal = dir.path().join(format!("wal{i}"));
         for args in [

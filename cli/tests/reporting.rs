@@ -75,6 +75,86 @@ fn a_failing_target_shows_a_retry_line_without_its_password() {
     assert!(!err.contains("s3cr3tpw"), "password shown: {err}");
 }
 
+/// The same over `rediss://` with the password in a file (`password_file=`) and in the URL:
+/// a private TLS redis-server that refuses every write (`maxmemory 1`: `OOM`, retryable)
+/// gives a retry line, and the password shows nowhere: not on stderr, stdout or in the log.
+#[test]
+#[cfg_attr(not(servers), ignore = "needs WALSINK_TEST_SERVERS=1 and redis-server")]
+fn a_failing_redis_target_shows_a_retry_line_without_its_password() {
+    use walsink_kit::testkit::{TestCa, Validity};
+    use walsink_redis::testkit::{Server, ServerTls};
+    let d = tempfile::tempdir().unwrap();
+    let inp = d.path().join("in.txt");
+    write_lines(&inp, &lines("r", 0, 50));
+    let ca = TestCa::new(d.path(), "ca").unwrap();
+    let cert = ca
+        .server("server", &["localhost"], Validity::Current)
+        .unwrap();
+    let tls = ServerTls {
+        cert: cert.cert,
+        key: cert.key,
+        ca: ca.ca_file(),
+        auth_clients: false,
+    };
+    let pw = "s3cr3t+pw";
+    let server = Server::start(
+        Some(&tls),
+        &[
+            "--requirepass",
+            pw,
+            "--maxmemory",
+            "1",
+            "--maxmemory-policy",
+            "noeviction",
+        ],
+    )
+    .unwrap();
+    let pw_file = d.path().join("password");
+    std::fs::write(&pw_file, format!("{pw}\n")).unwrap();
+    let port = server.tls_port().unwrap();
+    let ca_file = ca.ca_file();
+    for (i, sink) in [
+        format!(
+            "rediss://localhost:{port}/0?key=report:a&ca_file={}&password_file={}",
+            ca_file.display(),
+            pw_file.display()
+        ),
+        format!(
+            "rediss://:s3cr3t%2Bpw@localhost:{port}/0?key=report:b&ca_file={}",
+            ca_file.display()
+        ),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let wal = d.path().join(format!("wal{i}"));
+        let args = pipe_args_to(&inp, &wal, sink, &["--retry-deadline", "3s"]);
+        let o = walsink(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{sink}: {err}");
+        let line = err
+            .lines()
+            .find(|l| l.contains("delivery is failing"))
+            .unwrap_or_else(|| panic!("no retry line: {err}"));
+        assert!(
+            line.contains("retryable error, attempt") && line.contains("OOM"),
+            "{line}"
+        );
+        assert!(
+            !err.contains("s3cr3t") && !stdout(&o).contains("s3cr3t"),
+            "password shown: {err}"
+        );
+        let mut files = Vec::new();
+        for e in std::fs::read_dir(&wal).unwrap().flatten() {
+            files.extend(std::fs::read(e.path()).unwrap_or_default());
+        }
+        assert!(
+            !files.windows(6).any(|w| w == b"s3cr3t"),
+            "password in the log's files"
+        );
+    }
+}
+
 /// The core's promised warning on a failed delivery ("delivery failed; retrying") shows on
 /// stderr by default as a readable line, as one JSON object per line with `--log-format
 /// json`, and not with `RUST_LOG=error`.

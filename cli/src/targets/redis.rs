@@ -1,5 +1,6 @@
-//! `--sink redis://HOST:PORT/DB?key=NAME&mode=list|stream|hash`: exactly-once into Redis
-//! through `walsink-redis`, whose marker hash keeps each epoch's checkpoint metadata.
+//! `--sink redis://HOST:PORT/DB?key=NAME&mode=list|stream|hash` (or `rediss://…` over TLS):
+//! exactly-once into Redis through `walsink-redis`, whose marker hash keeps each epoch's
+//! checkpoint metadata.
 
 use super::Target;
 use crate::CliResult;

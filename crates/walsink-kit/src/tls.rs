@@ -413,7 +413,16 @@ pub fn failure(err: &(dyn std::error::Error + 'static)) -> Option<TlsFailure> {
 /// The TLS failure a message names in rustls's wording (for clients that keep only text).
 pub fn failure_in_text(text: &str) -> Option<TlsFailure> {
     let has = |s: &str| text.contains(s);
-    if has("UnknownIssuer") || has("unknown issuer") || has("BadSignature") {
+    if let Some((_, rest)) = text.split_once("received fatal alert: ") {
+        // rustls's wording of `Error::AlertReceived`, which a server sends when it refuses
+        // the handshake; over TLS 1.3 a refused client certificate shows only at the first
+        // read after the handshake, where client libraries keep the text.
+        let alert: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        Some(TlsFailure::Refused(format!("alert {alert}")))
+    } else if has("UnknownIssuer") || has("unknown issuer") || has("BadSignature") {
         Some(TlsFailure::UnknownCa)
     } else if has("Expired") || has("certificate expired") {
         Some(TlsFailure::Expired)
@@ -618,6 +627,18 @@ mod tests {
             }
         }
         assert_eq!(failure(&Wrap(io)), Some(TlsFailure::UnknownCa));
+        // A client library that kept only the text of an alert the server sent.
+        let alert = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired);
+        assert_eq!(
+            failure_in_text(&format!("connect: {alert}")),
+            Some(TlsFailure::from_rustls(&alert))
+        );
+        // An alert about the client's own certificate is not a fault of the server's.
+        let expired = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateExpired);
+        assert_eq!(
+            failure_in_text(&expired.to_string()),
+            Some(TlsFailure::from_rustls(&expired))
+        );
         let plain = std::io::Error::other("connection refused");
         assert_eq!(failure(&plain), None);
     }

@@ -2,7 +2,39 @@
 //! command line's `--sink` URL.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use walsink_kit::params::percent_decode;
+use walsink_kit::{secret, Params, TlsOptions, Verify};
+
+/// The URL parameters of a Redis target, for the message that refuses an unknown one.
+const KNOWN: &[&str] = &[
+    "key",
+    "mode",
+    "chunk_records",
+    "chunk_bytes",
+    "in_flight",
+    "timeout",
+    "password_file",
+    "password_env",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "verify",
+];
+
+/// What is percent-encoded in the user and password of the client library's URL: all but
+/// the unreserved characters of RFC 3986.
+const USERINFO: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// The parameters that only a `rediss://` URL takes.
+const TLS_PARAMS: &[&str] = &["ca_file", "cert_file", "key_file", "verify"];
 
 /// How records are written to the data key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,8 +100,11 @@ pub struct Config {
     /// so it blocks other clients for as long as it takes to apply `in_flight` chunks; one
     /// transaction is in flight while the next is read from the log and packed.
     pub in_flight: usize,
-    /// Timeout for connecting and for each reply. Default 10 s.
+    /// Timeout for connecting (the TLS handshake included) and for each reply. Default 10 s.
     pub timeout: Duration,
+    /// TLS settings (`rediss://`); `None` for a plain connection. The certificate files are
+    /// read when the sink is made ([`RedisSink::new`](crate::RedisSink::new)).
+    pub tls: Option<TlsOptions>,
 }
 
 impl Config {
@@ -87,6 +122,7 @@ impl Config {
             chunk_bytes: 1 << 20,
             in_flight: 4,
             timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 
@@ -96,14 +132,23 @@ impl Config {
         self
     }
 
-    /// Parses `redis://[USER[:PASSWORD]@]HOST[:PORT][/DB]?key=NAME` with the optional
-    /// parameters `mode=list|stream|hash`, `chunk_records=N`, `chunk_bytes=B`,
-    /// `in_flight=N` and `timeout=DURATION` (`500ms`, `10s`).
+    /// Parses `redis://[USER[:PASSWORD]@]HOST[:PORT][/DB]?key=NAME` (or `rediss://…` for
+    /// TLS) with the optional parameters `mode=list|stream|hash`, `chunk_records=N`,
+    /// `chunk_bytes=B` (`65536`, `1MiB`), `in_flight=N`, `timeout=DURATION` (`500ms`,
+    /// `10s`), `password_file=PATH` or `password_env=NAME` (instead of a password in the
+    /// URL), and for `rediss://` `ca_file=PATH`, `cert_file=PATH` with `key_file=PATH` (a
+    /// client certificate) and `verify=full|ca|none` (default `full`).
+    ///
+    /// Values are percent-decoded with `+` kept a plus sign (the kit's
+    /// [`Params`](walsink_kit::Params) grammar); a parameter given twice or not known is
+    /// refused by name.
     pub fn from_url(url: &str) -> Result<Config, ConfigError> {
         let u = url::Url::parse(url).map_err(|e| bad("URL", e.to_string()))?;
-        if u.scheme() != "redis" {
-            return Err(bad("scheme", format!("{:?} is not redis", u.scheme())));
-        }
+        let tls = match u.scheme() {
+            "redis" => false,
+            "rediss" => true,
+            other => return Err(bad("scheme", format!("{other:?} is not redis or rediss"))),
+        };
         let host = match u.host_str() {
             Some(h) if !h.is_empty() => h.trim_start_matches('[').trim_end_matches(']'),
             _ => return Err(bad("host", "missing")),
@@ -111,16 +156,11 @@ impl Config {
         let mut c = Config::new(String::new());
         c.host = host.to_string();
         c.port = u.port().unwrap_or(6379);
-        let decode = |s: &str| {
-            url::form_urlencoded::parse(format!("x={s}").as_bytes())
-                .next()
-                .map(|(_, v)| v.into_owned())
-                .unwrap_or_default()
-        };
+        let decode = |what: &str, s: &str| percent_decode(s).map_err(|e| bad(what, e));
         if !u.username().is_empty() {
-            c.username = Some(decode(u.username()));
+            c.username = Some(decode("user", u.username())?);
         }
-        c.password = u.password().map(decode);
+        let inline = u.password().map(|p| decode("password", p)).transpose()?;
         let path = u.path().trim_matches('/');
         if !path.is_empty() {
             c.db = path
@@ -129,48 +169,51 @@ impl Config {
                 .filter(|d| *d >= 0)
                 .ok_or_else(|| bad("DB", format!("{path:?} is not a database number")))?;
         }
-        let mut key = None;
-        for (k, v) in u.query_pairs() {
-            let num = |what: &str| -> Result<usize, ConfigError> {
-                v.parse::<usize>()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| bad(what, format!("{v:?} is not a positive number")))
-            };
-            match &*k {
-                "key" => key = Some(v.into_owned()),
-                "mode" => {
-                    c.mode = match &*v {
-                        "list" => Mode::List,
-                        "stream" => Mode::Stream,
-                        "hash" => Mode::Hash,
-                        other => {
-                            return Err(bad(
-                                "mode",
-                                format!("{other:?} is not one of list, stream, hash"),
-                            ))
-                        }
-                    }
-                }
-                "chunk_records" => c.chunk_records = num("chunk_records")?,
-                "chunk_bytes" => c.chunk_bytes = num("chunk_bytes")?,
-                "in_flight" => c.in_flight = num("in_flight")?,
-                "timeout" => {
-                    c.timeout = humantime::parse_duration(&v)
-                        .ok()
-                        .filter(|d| !d.is_zero())
-                        .ok_or_else(|| {
-                            bad("timeout", format!("{v:?} is not a positive duration (10s)"))
-                        })?
-                }
-                other => {
-                    return Err(bad(
-                        other,
-                        "unknown parameter (known: key, mode, chunk_records, chunk_bytes, in_flight, timeout)",
-                    ))
-                }
-            }
+        let mut p = Params::parse("redis", u.query())?;
+        let key = p.text("key")?;
+        if let Some(m) = p.choice("mode", &["list", "stream", "hash"])? {
+            c.mode = [Mode::List, Mode::Stream, Mode::Hash][m];
         }
+        if let Some(n) = p.positive("chunk_records")? {
+            c.chunk_records = n;
+        }
+        if let Some(n) = p.size("chunk_bytes")? {
+            c.chunk_bytes = usize::try_from(n)
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| bad("chunk_bytes", format!("{n} is not a positive size")))?;
+        }
+        if let Some(n) = p.positive("in_flight")? {
+            c.in_flight = n;
+        }
+        if let Some(t) = p.duration("timeout")? {
+            if t.is_zero() {
+                return Err(bad("timeout", "must be a positive duration (10s)"));
+            }
+            c.timeout = t;
+        }
+        c.password = secret::resolve(&mut p, inline, "password_file", "password_env")?
+            .map(|s| s.expose().to_string());
+        if tls {
+            let o = TlsOptions {
+                ca_file: p.non_empty("ca_file")?.map(PathBuf::from),
+                cert_file: p.non_empty("cert_file")?.map(PathBuf::from),
+                key_file: p.non_empty("key_file")?.map(PathBuf::from),
+                verify: match p.choice("verify", &["full", "ca", "none"])? {
+                    None | Some(0) => Verify::Full,
+                    Some(1) => Verify::Ca,
+                    Some(_) => Verify::None,
+                },
+            };
+            o.check("redis", "cert_file", "key_file")?;
+            c.tls = Some(o);
+        } else if let Some(name) = TLS_PARAMS.iter().find(|n| p.contains(n)) {
+            return Err(bad(
+                name,
+                "is a TLS setting: use a rediss:// URL to connect over TLS",
+            ));
+        }
+        p.finish_known(KNOWN)?;
         c.key = key.ok_or_else(|| bad("key", "missing: add ?key=NAME"))?;
         c.check()?;
         Ok(c)
@@ -234,8 +277,19 @@ impl Config {
             (Some(u), None) => format!("{u}@"),
             (None, None) => String::new(),
         };
+        let (scheme, verify) = match &self.tls {
+            None => ("redis", ""),
+            Some(t) => (
+                "rediss",
+                match t.verify {
+                    Verify::Full => "",
+                    Verify::Ca => "&verify=ca",
+                    Verify::None => "&verify=none",
+                },
+            ),
+        };
         format!(
-            "redis://{user}{}:{}/{}?key={}&mode={}",
+            "{scheme}://{user}{}:{}/{}?key={}&mode={}{verify}",
             self.host,
             self.port,
             self.db,
@@ -244,9 +298,12 @@ impl Config {
         )
     }
 
-    /// The connection URL for the client library (with the password, never shown).
+    /// The connection URL for the client library (with the password, never shown), always
+    /// `redis://`: the sink makes TLS connections itself. User and password are
+    /// percent-encoded as the client library decodes them (`+` and spaces reach the server
+    /// unchanged).
     pub(crate) fn client_url(&self) -> String {
-        let enc = |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+        let enc = |s: &str| utf8_percent_encode(s, USERINFO).to_string();
         let user = match (&self.username, &self.password) {
             (u, Some(p)) => format!("{}:{}@", enc(u.as_deref().unwrap_or("")), enc(p)),
             (Some(u), None) => format!("{}@", enc(u)),
@@ -366,5 +423,83 @@ mod tests {
             "walsink:{out:3}:committed"
         );
         assert_eq!(hash_tag("a{}b"), "a{}b");
+    }
+}
+
+#[cfg(test)]
+mod url_decoding {
+    use super::*;
+
+    /// A URL is not an HTML form: `+` in the password is a plus sign, and `%20` a space.
+    #[test]
+    fn a_plus_in_the_password_stays_a_plus() {
+        let c = Config::from_url("redis://bob:a+b%20c@h/?key=k+1").unwrap();
+        assert_eq!(c.password.as_deref(), Some("a+b c"));
+        assert_eq!(c.key, "k+1");
+        // The client library's URL encodes them so that it decodes them unchanged.
+        assert_eq!(c.client_url(), "redis://bob:a%2Bb%20c@h:6379/0");
+    }
+
+    #[test]
+    fn rediss_takes_the_tls_parameters() {
+        let c = Config::from_url(
+            "rediss://h:6390/?key=k&ca_file=/ca.pem&cert_file=/c.pem&key_file=/k.pem&verify=ca",
+        )
+        .unwrap();
+        let t = c.tls.clone().unwrap();
+        assert_eq!(t.ca_file.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(t.cert_file.as_deref(), Some(std::path::Path::new("/c.pem")));
+        assert_eq!(t.key_file.as_deref(), Some(std::path::Path::new("/k.pem")));
+        assert_eq!(t.verify, Verify::Ca);
+        assert!(c.to_string().starts_with("rediss://h:6390/"), "{c}");
+        assert!(c.to_string().ends_with("&verify=ca"), "{c}");
+        // The default is verify=full against the public roots.
+        let c = Config::from_url("rediss://h/?key=k").unwrap();
+        assert_eq!(c.tls, Some(TlsOptions::default()));
+        assert_eq!(Config::from_url("redis://h/?key=k").unwrap().tls, None);
+    }
+
+    #[test]
+    fn tls_parameters_need_rediss_and_a_certificate_needs_its_key() {
+        for (url, param) in [
+            ("redis://h/?key=k&ca_file=/ca.pem", "ca_file"),
+            ("redis://h/?key=k&verify=none", "verify"),
+            ("rediss://h/?key=k&verify=maybe", "verify"),
+            ("rediss://h/?key=k&cert_file=/c.pem", "key_file"),
+            ("rediss://h/?key=k&key_file=/k.pem", "cert_file"),
+            ("rediss://h/?key=k&ca_file=", "ca_file"),
+            ("redis://h/?key=k&key=j", "key"),
+        ] {
+            let e = Config::from_url(url).unwrap_err();
+            assert_eq!(e.parameter, param, "{url}: {e}");
+        }
+        let e = Config::from_url("redis://h/?key=k&ca_file=/x").unwrap_err();
+        assert!(e.to_string().contains("rediss://"), "{e}");
+    }
+
+    #[test]
+    fn the_password_comes_from_a_file_or_the_environment_and_never_shows() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("pw");
+        std::fs::write(&f, "fi+le pw\n").unwrap();
+        let c =
+            Config::from_url(&format!("redis://h/?key=k&password_file={}", f.display())).unwrap();
+        assert_eq!(c.password.as_deref(), Some("fi+le pw"));
+        for shown in [c.to_string(), format!("{c:?}")] {
+            assert!(
+                !shown.contains("fi+le") && shown.contains(":***@"),
+                "{shown}"
+            );
+        }
+        std::env::set_var("WALSINK_REDIS_TEST_PW", "e+nv");
+        let c = Config::from_url("redis://u@h/?key=k&password_env=WALSINK_REDIS_TEST_PW").unwrap();
+        assert_eq!(c.username.as_deref(), Some("u"));
+        assert_eq!(c.password.as_deref(), Some("e+nv"));
+        let e =
+            Config::from_url("redis://:x@h/?key=k&password_env=WALSINK_REDIS_TEST_PW").unwrap_err();
+        assert!(e.to_string().contains("one way only"), "{e}");
+        let e = Config::from_url("redis://h/?key=k&password_file=/surely/absent").unwrap_err();
+        assert_eq!(e.parameter, "password_file");
+        assert!(e.to_string().contains("/surely/absent"), "{e}");
     }
 }

@@ -4,6 +4,7 @@
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use walsink::SinkError;
+use walsink_kit::tls::TlsFailure;
 
 /// Server error codes that pass without an operator: the server is loading, busy with a
 /// script, failing over or short of memory for a moment.
@@ -82,9 +83,16 @@ pub(crate) const REFUSAL_WAIT: Duration = Duration::from_millis(500);
 /// (`DENIED Redis is running in protected mode …`, `ERR max number of clients reached`),
 /// without its leading `-`; `None` when it says nothing within `wait` (a server that accepts
 /// the client waits for a command) or cannot be reached.
-pub(crate) async fn refusal(host: &str, port: u16, wait: Duration) -> Option<String> {
+/// `open` opens the connection (TCP, or TLS for `rediss://`).
+pub(crate) async fn refusal<S, E>(
+    open: impl std::future::Future<Output = Result<S, E>>,
+    wait: Duration,
+) -> Option<String>
+where
+    S: tokio::io::AsyncRead + Unpin,
+{
     let probe = async {
-        let mut s = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        let mut s = open.await.ok()?;
         let mut buf = [0u8; 512];
         let n = s.read(&mut buf).await.ok()?;
         let line = buf[..n].strip_prefix(b"-")?;
@@ -107,6 +115,33 @@ pub(crate) fn refused(line: &str, what: &str) -> SinkError {
         advice(code)
     );
     if TRANSIENT.contains(&code) || line.contains("max number of clients") {
+        SinkError::retryable(msg)
+    } else {
+        SinkError::permanent(msg)
+    }
+}
+
+/// Classifies a TLS failure at connect ([`walsink_kit::tls::failure`] names it), with the URL
+/// parameter that fixes it. A certificate that is out of its validity period is retryable
+/// (the server's certificate is renewed, or a clock set right, without touching the sink);
+/// a CA the sink does not trust, a host name the certificate does not carry and a handshake
+/// the server refused are permanent: the sink's settings must change.
+pub(crate) fn tls_failed(f: &TlsFailure, what: &str) -> SinkError {
+    let (advice, retryable) = match f {
+        TlsFailure::UnknownCa => ("; set ca_file= to the CA that signed it", false),
+        TlsFailure::WrongHost => (
+            "; the URL's host must be one it lists, or set verify=ca",
+            false,
+        ),
+        TlsFailure::Expired | TlsFailure::NotYetValid => (
+            "; the server needs a certificate valid now, or this machine's clock is wrong",
+            true,
+        ),
+        TlsFailure::Refused(_) => ("; give one with cert_file= and key_file=", false),
+        _ => ("", false),
+    };
+    let msg = format!("{what}: TLS: {f}{advice}");
+    if retryable {
         SinkError::retryable(msg)
     } else {
         SinkError::permanent(msg)

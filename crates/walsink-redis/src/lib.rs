@@ -27,3 +27,5 @@ pub use error::classify;
 pub use sink::{Committed, RedisSink, Stats};
 #[doc(hidden)]
 pub use sink::{HookPoint, TestHook};
+#[cfg(feature = "testkit")]
+pub mod testkit;

@@ -2,12 +2,16 @@
 //! records as native commands, the marker move, `EXEC`), exactly once.
 
 use crate::config::{Config, ConfigError, Mode};
-use crate::error::{classify, classify_server, coded, refusal, refused, REFUSAL_WAIT};
+use crate::error::{classify, classify_server, coded, refusal, refused, tls_failed, REFUSAL_WAIT};
 use crate::script::{self, Marker};
 use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Value};
+use redis::{AsyncConnectionConfig, RedisConnectionInfo, Value};
 use std::sync::Arc;
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::TlsConnector;
 use walsink::{Epoch, EpochKey, SinkError};
 use walsink_tokio::{AsyncChunks, AsyncSink};
 
@@ -97,6 +101,9 @@ pub type TestHook = Arc<dyn Fn(HookPoint) + Send + Sync>;
 pub struct RedisSink {
     config: Config,
     client: redis::Client,
+    /// For `rediss://`: the sink opens the TCP connection and the TLS session itself (with
+    /// the kit's rustls settings) and hands the stream to the client library.
+    tls: Option<Tls>,
     conn: Option<MultiplexedConnection>,
     client_id: Option<i64>,
     /// The connection may be in the middle of a transaction (set while one runs; a delivery
@@ -117,6 +124,24 @@ impl std::fmt::Debug for RedisSink {
             .field("stats", &self.stats)
             .finish()
     }
+}
+
+/// How a `rediss://` sink opens its connections.
+struct Tls {
+    connector: TlsConnector,
+    name: ServerName<'static>,
+    /// The user, password and database, as the client library sends them after connecting.
+    info: RedisConnectionInfo,
+}
+
+/// Why a TLS connection could not be opened.
+enum Opening {
+    /// The TCP connection (refused, unreachable).
+    Tcp(std::io::Error),
+    /// The TLS handshake.
+    Handshake(std::io::Error),
+    /// Neither finished within the timeout.
+    Timeout,
 }
 
 /// What one delivery's transactions share.
@@ -189,9 +214,28 @@ impl RedisSink {
         config.check()?;
         let client = redis::Client::open(config.client_url())
             .map_err(|e| ConfigError::new("redis", "URL", e.to_string()))?;
+        let tls = match &config.tls {
+            None => None,
+            Some(o) => {
+                let rustls = o.client_config("redis")?;
+                let name = ServerName::try_from(config.host.clone()).map_err(|e| {
+                    ConfigError::new(
+                        "redis",
+                        "host",
+                        format!("{:?} is not a host name TLS can verify: {e}", config.host),
+                    )
+                })?;
+                Some(Tls {
+                    connector: TlsConnector::from(Arc::new(rustls)),
+                    name,
+                    info: client.get_connection_info().redis_settings().clone(),
+                })
+            }
+        };
         Ok(RedisSink {
             config,
             client,
+            tls,
             conn: None,
             client_id: None,
             dirty: false,
@@ -247,13 +291,36 @@ impl RedisSink {
         let cfg = AsyncConnectionConfig::new()
             .set_connection_timeout(t)
             .set_response_timeout(t);
-        let mut c = match self
-            .client
-            .get_multiplexed_async_connection_with_config(&cfg)
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => return Err(self.connect_failed(&e, "connect").await),
+        let mut c = match &self.tls {
+            None => match self
+                .client
+                .get_multiplexed_async_connection_with_config(&cfg)
+                .await
+            {
+                Ok(c) => c,
+                Err(e) => return Err(self.connect_failed(&e, "connect").await),
+            },
+            Some(tls) => {
+                let stream = match self.open_tls().await {
+                    Ok(s) => s,
+                    Err(e) => return Err(self.opening_failed(e)),
+                };
+                let info = tls.info.clone();
+                let setup = tokio::time::timeout(
+                    self.config.timeout,
+                    MultiplexedConnection::new_with_config(&info, stream, cfg),
+                )
+                .await;
+                match setup {
+                    Ok(Ok((c, driver))) => {
+                        // Ends when the last clone of the connection is dropped.
+                        tokio::spawn(driver);
+                        c
+                    }
+                    Ok(Err(e)) => return Err(self.connect_failed(&e, "connect").await),
+                    Err(_) => return Err(self.opening_failed(Opening::Timeout)),
+                }
+            }
         };
         let setup = redis::pipe()
             .cmd("CLIENT")
@@ -277,14 +344,69 @@ impl RedisSink {
     /// error line and closes the connection (`-DENIED` in protected mode, `-ERR max number
     /// of clients reached`); the client library then reports only the broken pipe, so after
     /// an I/O error the sink connects once more, briefly, to read the server's own words.
+    ///
+    /// Over TLS, a server that refuses the client's certificate may say so only after the
+    /// handshake (TLS 1.3 checks the client's certificate after the client finished), so the
+    /// first reply's error is searched for a TLS failure first.
     async fn connect_failed(&self, e: &redis::RedisError, what: &str) -> SinkError {
+        if self.tls.is_some() {
+            if let Some(f) = walsink_kit::tls::failure(e) {
+                return tls_failed(&f, &self.shown(what)).with_source(e.clone());
+            }
+        }
         if e.is_io_error() || e.is_connection_dropped() {
             let wait = self.config.timeout.min(REFUSAL_WAIT);
-            if let Some(line) = refusal(&self.config.host, self.config.port, wait).await {
+            let line = match &self.tls {
+                None => {
+                    let host = (self.config.host.as_str(), self.config.port);
+                    refusal(TcpStream::connect(host), wait).await
+                }
+                Some(_) => refusal(self.open_tls(), wait).await,
+            };
+            if let Some(line) = line {
                 return refused(&line, &self.shown(what)).with_source(e.clone());
             }
         }
         classify(e, &self.shown(what))
+    }
+
+    /// Opens the TCP connection and the TLS session of a `rediss://` sink, within the
+    /// timeout.
+    async fn open_tls(&self) -> Result<TlsStream<TcpStream>, Opening> {
+        let Some(tls) = &self.tls else {
+            return Err(Opening::Handshake(std::io::Error::other("not a TLS sink")));
+        };
+        let open = async {
+            let tcp = TcpStream::connect((self.config.host.as_str(), self.config.port))
+                .await
+                .map_err(Opening::Tcp)?;
+            let _ = tcp.set_nodelay(true);
+            tls.connector
+                .connect(tls.name.clone(), tcp)
+                .await
+                .map_err(Opening::Handshake)
+        };
+        tokio::time::timeout(self.config.timeout, open)
+            .await
+            .unwrap_or(Err(Opening::Timeout))
+    }
+
+    /// Classifies a TLS connection that could not be opened: a certificate the sink does not
+    /// accept, or a handshake the server refused, is named ([`walsink_kit::tls::failure`]);
+    /// a refused TCP connection, one cut in the handshake and a timeout are retryable.
+    fn opening_failed(&self, e: Opening) -> SinkError {
+        let what = self.shown("connect");
+        match e {
+            Opening::Tcp(e) => SinkError::retryable(format!("{what}: {e}")).with_source(e),
+            Opening::Timeout => SinkError::retryable(format!(
+                "{what}: no connection within {} (timeout=)",
+                humantime::format_duration(self.config.timeout)
+            )),
+            Opening::Handshake(e) => match walsink_kit::tls::failure(&e) {
+                Some(f) => tls_failed(&f, &what).with_source(e),
+                None => SinkError::retryable(format!("{what}: TLS handshake: {e}")).with_source(e),
+            },
+        }
     }
 
     fn shown(&self, what: &str) -> String {

@@ -387,3 +387,30 @@ fn enc(s: &str) -> String {
         })
         .collect()
 }
+
+/// A server that accepts TLS (answers `S` to the SSL request) and then never sends its half
+/// of the handshake: `connect_timeout` bounds the handshake too, and the error says so
+/// (retryable: such a server may come back).
+#[tokio::test]
+async fn connect_timeout_bounds_the_tls_handshake() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut request = [0u8; 8];
+        s.read_exact(&mut request).await.unwrap();
+        assert_eq!(&request[4..], &[0x04, 0xd2, 0x16, 0x2f], "an SSLRequest");
+        s.write_all(b"S").await.unwrap();
+        // Hold the connection without a ServerHello.
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest).await;
+    });
+    let url = format!("postgres://u@127.0.0.1:{port}/d");
+    let mut sink = PgSink::new(config(&url, "t", "&sslmode=require&connect_timeout=1"));
+    let e = sink.connect().await.unwrap_err();
+    assert_eq!(e.class(), SinkErrorClass::Retryable, "{e}");
+    assert!(e.to_string().contains("(connect_timeout)"), "{e}");
+    drop(sink);
+    server.abort();
+}

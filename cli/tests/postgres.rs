@@ -539,3 +539,127 @@ fn passwords_come_from_pgpassfile_password_file_and_password_env() {
         "{e}"
     );
 }
+
+/// A certificate that expires while `pipe --follow` runs: the failing delivery shows on the
+/// retry line naming the reason (a permanent error, retried, not silent), nothing is skipped,
+/// and once the certificate is renewed the same run delivers every line once.
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and the PostgreSQL binaries"
+)]
+fn a_certificate_expiring_mid_run_shows_on_the_retry_line_until_renewed() {
+    let d = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(d.path(), "ca").unwrap();
+    let pg = tls_cluster(
+        &ca,
+        "server",
+        &["localhost", "127.0.0.1"],
+        Validity::Current,
+    );
+    let expired = ca
+        .server("expired", &["localhost", "127.0.0.1"], Validity::Expired)
+        .unwrap();
+    let renewed = ca
+        .server("renewed", &["localhost", "127.0.0.1"], Validity::Current)
+        .unwrap();
+    let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
+    let first = lines("mid", 0, 50);
+    write_lines(&inp, &first);
+    let table = unique("midrun");
+    let sink_id = unique("m").replace('_', "-");
+    let url = pg.url("postgres");
+    let sink = format!(
+        "{url}?table={table}&sslmode=verify-full&sslrootcert={}",
+        ca.ca_file().display()
+    );
+    let a = args(
+        &inp,
+        &wal,
+        &sink,
+        &[
+            "--follow",
+            "--checkpoint-interval",
+            "200ms",
+            "--progress-interval",
+            "200ms",
+            "--sink-id",
+            &sink_id,
+            "--max-retries",
+            "100000",
+            "--retry-deadline",
+            "10m",
+        ],
+    );
+    let mut child = spawn_piped(&a, &[]);
+    let err = collect_stderr(&mut child);
+    // The number of rows so far (0 while the table is not created yet).
+    let held = || {
+        let o = Command::new("psql")
+            .args([
+                url.as_str(),
+                "-AtXq",
+                "-c",
+                &format!("SELECT count(*) FROM {table} WHERE sink_id = '{sink_id}'"),
+            ])
+            .output()
+            .expect("run psql");
+        stdout(&o).trim().parse::<usize>().unwrap_or(0)
+    };
+    let until = |want: usize| {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(60) {
+            if held() >= want {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    };
+    assert!(
+        until(first.len()),
+        "first lines delivered: {:?}",
+        err.lock()
+    );
+    pg.replace_tls(&expired.cert, &expired.key).unwrap();
+    let more = lines("mid", 50, 100);
+    let mut f = std::fs::OpenOptions::new().append(true).open(&inp).unwrap();
+    for l in &more {
+        use std::io::Write;
+        f.write_all(l).unwrap();
+        f.write_all(b"\n").unwrap();
+    }
+    drop(f);
+    // The core's warning and the CLI's retry line both carry the reason.
+    let t = Instant::now();
+    let retry_line = loop {
+        let found = err
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l.contains("delivery is failing") && l.contains("has expired"))
+            .cloned();
+        if let Some(l) = found {
+            break l;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no retry line naming the expired certificate: {:?}",
+            err.lock()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(retry_line.contains("permanent"), "{retry_line}");
+    assert_eq!(
+        held(),
+        first.len(),
+        "nothing more delivered through an expired certificate"
+    );
+    pg.replace_tls(&renewed.cert, &renewed.key).unwrap();
+    assert!(until(100), "delivered once renewed: {:?}", err.lock());
+    signal(&child, "TERM");
+    wait_exit(&mut child, Duration::from_secs(60), "pipe --follow");
+    let mut want = first;
+    want.extend(more);
+    assert_eq!(table_lines(&url, &table, &sink_id), want, "every line once");
+}

@@ -142,10 +142,18 @@ pub fn classify(e: &tokio_postgres::Error) -> (Class, String) {
     // client (a value that does not convert to the column's type).
     let text = e.to_string();
     let io = std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
+    // tokio-postgres's own text names only the kind ("error performing TLS handshake"); the
+    // reason is in its source chain.
+    let mut shown = text.clone();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        shown.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
     if e.is_closed() || io || text.contains("connection") || text.contains("unexpected message") {
-        (Class::Retryable, format!("connection lost: {text}"))
+        (Class::Retryable, format!("connection lost: {shown}"))
     } else {
-        (Class::Permanent, text)
+        (Class::Permanent, shown)
     }
 }
 

@@ -256,7 +256,24 @@ impl PgSink {
 
     async fn plain_connect_unbounded(&self) -> Result<tokio_postgres::Client, SinkError> {
         let shown = self.config.to_string();
-        let mode = self.config.sslmode;
+        // libpq never asks for TLS over a Unix-domain socket (the server would refuse it),
+        // whatever sslmode says.
+        #[cfg(unix)]
+        let local = {
+            let hosts = self.config.pg.get_hosts();
+            !hosts.is_empty()
+                && self.config.pg.get_hostaddrs().is_empty()
+                && hosts
+                    .iter()
+                    .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)))
+        };
+        #[cfg(not(unix))]
+        let local = false;
+        let mode = if local {
+            SslMode::Disable
+        } else {
+            self.config.sslmode
+        };
         let tls = match mode {
             SslMode::Disable => None,
             _ => Some(self.tls().map_err(|e| {

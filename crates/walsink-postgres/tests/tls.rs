@@ -243,6 +243,14 @@ async fn require_against_a_server_without_tls_is_refused_and_prefer_falls_back()
         let mut s = PgSink::new(config(&pg.url("postgres"), &table, q));
         s.connect().await.unwrap();
     }
+    // As libpq: no TLS is asked for over a Unix-domain socket, whatever sslmode says.
+    let socket = format!(
+        "postgres://postgres@{}:{}/postgres",
+        enc(pg.dir().to_str().unwrap()),
+        pg.port()
+    );
+    let mut s = PgSink::new(config(&socket, &table, "&sslmode=require"));
+    s.connect().await.unwrap();
     // libpq's prefer: a certificate that fails verification falls back to plain text too.
     let t = Tls::start(&["localhost", "127.0.0.1"], Validity::Current, &[]).await;
     let dir = tempfile::tempdir().unwrap();

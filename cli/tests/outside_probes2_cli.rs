@@ -99,6 +99,77 @@ fn a_password_holding_url_delimiters_never_appears() {
     assert!(leaks.is_empty(), "{leaks:#?}");
 }
 
+/// The same for the PostgreSQL target's other ways in for a password (docs/targets/postgres.md,
+/// "Passwords"): `password_file=`, `password_env=`, `PGPASSWORD` and the password file
+/// (`PGPASSFILE`, `passfile=`). Nothing listens on the port, so every run fails; the password
+/// must show in none of its outputs or files.
+#[test]
+fn a_postgres_password_from_a_file_or_the_environment_never_appears() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.txt");
+    write_lines(&input, &lines("pw", 0, 3));
+    let secret = "PW#SECRETtail";
+    let pwfile = dir.path().join("pw");
+    fs::write(&pwfile, format!("{secret}\n")).unwrap();
+    let pgpass = dir.path().join("pgpass");
+    fs::write(&pgpass, format!("*:*:*:*:{secret}\n")).unwrap();
+    fs::set_permissions(&pgpass, fs::Permissions::from_mode(0o600)).unwrap();
+    let base = "postgres://alice@127.0.0.1:9/test?table=t";
+    let cases: Vec<(String, Vec<(&str, String)>)> = vec![
+        (format!("{base}&password_file={}", s(&pwfile)), vec![]),
+        (
+            format!("{base}&password_env=WALSINK_PROBE_PW"),
+            vec![("WALSINK_PROBE_PW", secret.to_string())],
+        ),
+        (base.to_string(), vec![("PGPASSWORD", secret.to_string())]),
+        (
+            base.to_string(),
+            vec![("PGPASSFILE", s(&pgpass).to_string())],
+        ),
+        (format!("{base}&passfile={}", s(&pgpass)), vec![]),
+    ];
+    let mut leaks = Vec::new();
+    for (i, (url, env)) in cases.iter().enumerate() {
+        let wal = dir.path().join(format!("wal{i}"));
+        for args in [
+            pipe_args_to(
+                &input,
+                &wal,
+                url,
+                &["--json", "--retry-deadline", "1s", "--max-retries", "1"],
+            ),
+            vec![
+                "inspect".into(),
+                s(&wal).into(),
+                "--sink".into(),
+                url.to_string(),
+                "--json".into(),
+            ],
+        ] {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_walsink"));
+            c.args(&args)
+                .stdin(Stdio::null())
+                .env_remove("PGPASSWORD")
+                .env_remove("PGPASSFILE")
+                .env("RUST_LOG", "trace");
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            let o = c.output().unwrap();
+            assert_ne!(o.status.code(), Some(0), "{url} {env:?}: nothing listens");
+            let text = format!("{}{}", stdout(&o), stderr(&o));
+            if text.contains("SECRETtail") {
+                leaks.push(format!("{} {url} {env:?}: {text}", args[0]));
+            }
+        }
+        if contains(&all_bytes(&wal), b"SECRETtail") {
+            leaks.push(format!("files of {url} {env:?}"));
+        }
+    }
+    assert!(leaks.is_empty(), "{leaks:#?}");
+}
+
 /// README: "A line longer than --max-record-bytes stops the run naming its line number."
 #[test]
 fn a_long_line_is_named_by_its_own_line_number() {

@@ -2,7 +2,10 @@
 //! shared server) and two-phase mode (a private cluster with prepared transactions), with
 //! kills forced at the dangerous points by failpoints (feature `failpoints`) and at random
 //! moments, ending with every input line exactly once in the table; a table of the wrong
-//! shape; `inspect --sink`.
+//! shape; `inspect --sink`. Over TLS (a private cluster serving a certificate of the kit's
+//! test CA, plain connections refused): a kill loop with sslmode=verify-full, and a wrong CA,
+//! a wrong host name and an expired certificate each refused naming the reason, then
+//! delivered once fixed; passwords from PGPASSFILE, password_file and password_env.
 
 mod common;
 
@@ -310,4 +313,353 @@ fn a_resume_after_repair_force_starts_after_what_the_table_holds() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("in the target"), "{}", stderr(&o));
     assert_eq!(table_lines(SHARED, &table, &sink_id), want, "no line twice");
+}
+
+use walsink_kit::testkit::{TestCa, Validity};
+use walsink_postgres::testkit::{Cluster, Setup};
+
+/// A private cluster serving TLS with a certificate for `names` from `ca`; TCP connections
+/// without TLS are refused, so whatever reaches it went over TLS.
+fn tls_cluster(ca: &TestCa, file: &str, names: &[&str], validity: Validity) -> Cluster {
+    let server = ca.server(file, names, validity).unwrap();
+    Cluster::start_with(
+        &[],
+        &Setup {
+            tls: Some((server.cert, server.key)),
+            hba: Some(vec![
+                "hostssl all all 127.0.0.1/32 trust".into(),
+                "hostnossl all all 127.0.0.1/32 reject".into(),
+            ]),
+            ..Setup::default()
+        },
+    )
+    .expect("start a private TLS cluster")
+}
+
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and the PostgreSQL binaries"
+)]
+fn kill_loop_over_tls_with_verify_full() {
+    let d = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(d.path(), "ca").unwrap();
+    let pg = tls_cluster(
+        &ca,
+        "server",
+        &["localhost", "127.0.0.1"],
+        Validity::Current,
+    );
+    kill_loop_into(
+        &pg.url("postgres"),
+        &format!(
+            "&sslmode=verify-full&sslrootcert={}",
+            ca.ca_file().display()
+        ),
+        &["after-copy", "after-commit"],
+        33,
+    );
+}
+
+/// `walsink pipe` with a bad TLS setting: it fails with the reason (a permanent error, not
+/// an endless silent retry), the records wait in the log, and the fixed command delivers
+/// each line once.
+fn refused_then_fixed(url: &str, bad: &str, fixed: &str, reason: &str, fix: impl FnOnce()) {
+    let d = tempfile::tempdir().unwrap();
+    let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
+    let want = lines("tls", 0, 300);
+    write_lines(&inp, &want);
+    let table = unique("tlsfix");
+    let sink_id = unique("t").replace('_', "-");
+    let extra = [
+        "--checkpoint-every",
+        "100",
+        "--sink-id",
+        &sink_id,
+        "--max-retries",
+        "1",
+    ];
+    let o = run(
+        &args(&inp, &wal, &format!("{bad}table={table}"), &extra),
+        None,
+    );
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains(reason) && e.contains("TLS"),
+        "{reason:?} named: {e}"
+    );
+    assert!(e.contains("permanent"), "{e}");
+    let o = walsink(&["inspect", s(&wal), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["committed"].is_null(), "nothing was committed: {v}");
+    fix();
+    let o = run(
+        &args(&inp, &wal, &format!("{fixed}table={table}"), &extra),
+        None,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(table_lines(url, &table, &sink_id), want, "every line once");
+}
+
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and the PostgreSQL binaries"
+)]
+fn a_wrong_ca_a_wrong_host_and_an_expired_certificate_are_named_then_fixed() {
+    let d = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(d.path(), "ca").unwrap();
+    let other = TestCa::new(d.path(), "other").unwrap();
+    let root = |c: &TestCa| format!("sslrootcert={}", c.ca_file().display());
+    // A certificate for db.example only: reached at 127.0.0.1 by hostaddr.
+    let pg = tls_cluster(&ca, "named", &["db.example"], Validity::Current);
+    let port = pg.port();
+    let by_name = format!(
+        "postgres://postgres@db.example:{port}/postgres?hostaddr=127.0.0.1&sslmode=verify-full"
+    );
+    refused_then_fixed(
+        &pg.url("postgres"),
+        &format!("{by_name}&{}&", root(&other)),
+        &format!("{by_name}&{}&", root(&ca)),
+        "not signed by a trusted CA",
+        || {},
+    );
+    let by_addr = format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=verify-full");
+    refused_then_fixed(
+        &pg.url("postgres"),
+        &format!("{by_addr}&{}&", root(&ca)),
+        &format!("{by_name}&{}&", root(&ca)),
+        "does not carry the host name",
+        || {},
+    );
+    drop(pg);
+    let pg = tls_cluster(&ca, "old", &["localhost", "127.0.0.1"], Validity::Expired);
+    let url = format!("{}?sslmode=verify-full&{}&", pg.url("postgres"), root(&ca));
+    let renewed = ca
+        .server("renewed", &["localhost", "127.0.0.1"], Validity::Current)
+        .unwrap();
+    refused_then_fixed(&pg.url("postgres"), &url, &url, "has expired", || {
+        pg.replace_tls(&renewed.cert, &renewed.key).unwrap()
+    });
+}
+
+/// A password from PGPASSFILE (libpq's format, 0600), from password_file= and from
+/// password_env=, against a cluster that asks for scram-sha-256 over TLS; PGPASSFILE open to
+/// the group is ignored with libpq's warning. The password shows nowhere.
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and the PostgreSQL binaries"
+)]
+fn passwords_come_from_pgpassfile_password_file_and_password_env() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(d.path(), "ca").unwrap();
+    let server = ca
+        .server("server", &["localhost", "127.0.0.1"], Validity::Current)
+        .unwrap();
+    let password = format!("Pw:{}", unique("secret"));
+    let pg = Cluster::start_with(
+        &[("password_encryption", "scram-sha-256")],
+        &Setup {
+            tls: Some((server.cert, server.key)),
+            password: Some(password.clone()),
+            hba: Some(vec!["hostssl all all 127.0.0.1/32 scram-sha-256".into()]),
+            ..Setup::default()
+        },
+    )
+    .expect("start a private cluster with passwords");
+    let port = pg.port();
+    let base = format!(
+        "postgres://postgres@127.0.0.1:{port}/postgres?sslmode=verify-full&sslrootcert={}",
+        ca.ca_file().display()
+    );
+    let pgpass = d.path().join("pgpass");
+    std::fs::write(
+        &pgpass,
+        format!(
+            "127.0.0.1:{port}:postgres:postgres:{}\n",
+            password.replace(':', "\\:")
+        ),
+    )
+    .unwrap();
+    let pwfile = d.path().join("pw");
+    std::fs::write(&pwfile, format!("{password}\n")).unwrap();
+    let reader = format!(
+        "postgres://postgres@127.0.0.1:{port}/postgres?sslmode=require&passfile={}",
+        pgpass.display()
+    );
+    let deliver = |query: &str, env: &[(&str, &str)]| {
+        let dir = tempfile::tempdir().unwrap();
+        let (inp, wal) = (dir.path().join("in.txt"), dir.path().join("wal"));
+        let want = lines("pw", 0, 50);
+        write_lines(&inp, &want);
+        let table = unique("pw");
+        let sink_id = unique("p").replace('_', "-");
+        let a = args(
+            &inp,
+            &wal,
+            &format!("{base}&table={table}{query}"),
+            &["--sink-id", &sink_id, "--max-retries", "1"],
+        );
+        let mut c = Command::new(env!("CARGO_BIN_EXE_walsink"));
+        c.args(&a)
+            .stdin(Stdio::null())
+            .env_remove("PGPASSWORD")
+            .env_remove("PGPASSFILE");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let o = c.output().unwrap();
+        let text = format!("{}{}", stdout(&o), stderr(&o));
+        assert!(!text.contains(&password), "password shown: {text}");
+        (o, table, sink_id, want)
+    };
+    std::fs::set_permissions(&pgpass, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let pgpassfile = s(&pgpass).to_string();
+    for (query, env) in [
+        (String::new(), vec![("PGPASSFILE", pgpassfile.as_str())]),
+        (format!("&password_file={}", pwfile.display()), vec![]),
+        (
+            "&password_env=WALSINK_TEST_PG_PW".to_string(),
+            vec![("WALSINK_TEST_PG_PW", password.as_str())],
+        ),
+    ] {
+        let (o, table, sink_id, want) = deliver(&query, &env);
+        assert!(o.status.success(), "{query} {env:?}: {}", stderr(&o));
+        assert_eq!(table_lines(&reader, &table, &sink_id), want, "{query}");
+    }
+    std::fs::set_permissions(&pgpass, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let (o, _, _, _) = deliver("", &[("PGPASSFILE", pgpassfile.as_str())]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("group or world access") && e.contains("0600"),
+        "{e}"
+    );
+}
+
+/// A certificate that expires while `pipe --follow` runs: the failing delivery shows on the
+/// retry line naming the reason (a permanent error, retried, not silent), nothing is skipped,
+/// and once the certificate is renewed the same run delivers every line once.
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and the PostgreSQL binaries"
+)]
+fn a_certificate_expiring_mid_run_shows_on_the_retry_line_until_renewed() {
+    let d = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(d.path(), "ca").unwrap();
+    let pg = tls_cluster(
+        &ca,
+        "server",
+        &["localhost", "127.0.0.1"],
+        Validity::Current,
+    );
+    let expired = ca
+        .server("expired", &["localhost", "127.0.0.1"], Validity::Expired)
+        .unwrap();
+    let renewed = ca
+        .server("renewed", &["localhost", "127.0.0.1"], Validity::Current)
+        .unwrap();
+    let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
+    let first = lines("mid", 0, 50);
+    write_lines(&inp, &first);
+    let table = unique("midrun");
+    let sink_id = unique("m").replace('_', "-");
+    let url = pg.url("postgres");
+    let sink = format!(
+        "{url}?table={table}&sslmode=verify-full&sslrootcert={}",
+        ca.ca_file().display()
+    );
+    let a = args(
+        &inp,
+        &wal,
+        &sink,
+        &[
+            "--follow",
+            "--checkpoint-interval",
+            "200ms",
+            "--progress-interval",
+            "200ms",
+            "--sink-id",
+            &sink_id,
+            "--max-retries",
+            "100000",
+            "--retry-deadline",
+            "10m",
+        ],
+    );
+    let mut child = spawn_piped(&a, &[]);
+    let err = collect_stderr(&mut child);
+    // The number of rows so far (0 while the table is not created yet).
+    let held = || {
+        let o = Command::new("psql")
+            .args([
+                url.as_str(),
+                "-AtXq",
+                "-c",
+                &format!("SELECT count(*) FROM {table} WHERE sink_id = '{sink_id}'"),
+            ])
+            .output()
+            .expect("run psql");
+        stdout(&o).trim().parse::<usize>().unwrap_or(0)
+    };
+    let until = |want: usize| {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(60) {
+            if held() >= want {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    };
+    assert!(
+        until(first.len()),
+        "first lines delivered: {:?}",
+        err.lock()
+    );
+    pg.replace_tls(&expired.cert, &expired.key).unwrap();
+    let more = lines("mid", 50, 100);
+    let mut f = std::fs::OpenOptions::new().append(true).open(&inp).unwrap();
+    for l in &more {
+        use std::io::Write;
+        f.write_all(l).unwrap();
+        f.write_all(b"\n").unwrap();
+    }
+    drop(f);
+    // The core's warning and the CLI's retry line both carry the reason.
+    let t = Instant::now();
+    let retry_line = loop {
+        let found = err
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l.contains("delivery is failing") && l.contains("has expired"))
+            .cloned();
+        if let Some(l) = found {
+            break l;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no retry line naming the expired certificate: {:?}",
+            err.lock()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(retry_line.contains("permanent"), "{retry_line}");
+    assert_eq!(
+        held(),
+        first.len(),
+        "nothing more delivered through an expired certificate"
+    );
+    pg.replace_tls(&renewed.cert, &renewed.key).unwrap();
+    assert!(until(100), "delivered once renewed: {:?}", err.lock());
+    signal(&child, "TERM");
+    wait_exit(&mut child, Duration::from_secs(60), "pipe --follow");
+    let mut want = first;
+    want.extend(more);
+    assert_eq!(table_lines(&url, &table, &sink_id), want, "every line once");
 }

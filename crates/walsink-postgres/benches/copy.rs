@@ -9,7 +9,10 @@
 //! Both write the same table layout (a fresh table each, dropped after). The ratio is
 //! floor time / walsink time per round (1.0 = as fast as the floor). Then, on a private
 //! cluster with prepared transactions, marker mode against two-phase mode: rows/s for the
-//! large epoch and the delivery latency of small epochs.
+//! large epoch and the delivery latency of small epochs. Last, on a private cluster serving
+//! TLS, marker mode in plain text (`sslmode=disable`) against `sslmode=verify-full`, in
+//! interleaved rounds: the ratio TLS rows/s / plain rows/s for the large epoch and the latency
+//! of small epochs (connections are reused, so the handshake is not in the rows).
 //!
 //! `cargo bench -p walsink-postgres --features testkit --bench copy -- [RECORDS] [ROUNDS]`
 //! (default 1000000 records of 256 B, 5 rounds; `WALSINK_BENCH_PG` overrides the server,
@@ -127,7 +130,14 @@ async fn through_walsink(
 ) -> (Duration, Vec<Duration>) {
     let sink_id = table.replace('_', "-");
     let (_dir, wal) = log(&sink_id, recs, per);
-    let mut sink = PgSink::new(Config::from_url(&format!("{url}?table={table}{mode}")).unwrap());
+    // Plain text unless asked: the floor's client is plain too (and TLS has its own section).
+    let tls = if mode.contains("sslmode=") {
+        ""
+    } else {
+        "&sslmode=disable"
+    };
+    let mut sink =
+        PgSink::new(Config::from_url(&format!("{url}?table={table}{mode}{tls}")).unwrap());
     sink.connect().await.unwrap();
     let mut each = Vec::new();
     let t = Instant::now();
@@ -278,6 +288,70 @@ fn main() {
             "private cluster, epochs of 100 records: delivery latency p50 marker {la:.2} ms, 2pc {lb:.2} ms; p90 marker {:.2} ms, 2pc {:.2} ms",
             p90(&lat_m),
             p90(&lat_2)
+        );
+    });
+    drop(pg);
+
+    // TLS (verify-full, the kit's rustls settings) against plain text, same private cluster.
+    let certs = tempfile::tempdir().unwrap();
+    let ca = walsink_kit::testkit::TestCa::new(certs.path(), "ca").unwrap();
+    let server = ca
+        .server(
+            "server",
+            &["localhost", "127.0.0.1"],
+            walsink_kit::testkit::Validity::Current,
+        )
+        .unwrap();
+    let pg = Cluster::start_with(
+        &[("shared_buffers", "256MB")],
+        &walsink_postgres::testkit::Setup {
+            tls: Some((server.cert, server.key)),
+            ..Default::default()
+        },
+    )
+    .expect("private TLS cluster");
+    let turl = pg.url("postgres");
+    let verify = format!(
+        "&sslmode=verify-full&sslrootcert={}",
+        ca.ca_file().display()
+    );
+    rt.block_on(async {
+        let (mut ratio, mut lat_p, mut lat_t) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut rps_p, mut rps_t) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let order: [&str; 2] = if round % 2 == 0 {
+                ["&sslmode=disable", verify.as_str()]
+            } else {
+                [verify.as_str(), "&sslmode=disable"]
+            };
+            let (mut plain, mut tls) = (0.0, 0.0);
+            for (k, mode) in order.iter().enumerate() {
+                let (d, _) =
+                    through_walsink(&turl, &format!("{tag}_t{round}{k}"), mode, &recs, n).await;
+                let (_, each) =
+                    through_walsink(&turl, &format!("{tag}_u{round}{k}"), mode, &small, 100).await;
+                let rps = n as f64 / d.as_secs_f64();
+                let lat = each.iter().map(|d| d.as_secs_f64() * 1e3);
+                if mode.contains("verify-full") {
+                    tls = rps;
+                    lat_t.extend(lat);
+                } else {
+                    plain = rps;
+                    lat_p.extend(lat);
+                }
+            }
+            println!("TLS round {round}: plain {plain:.0} rows/s, verify-full {tls:.0} rows/s, ratio {:.3}", tls / plain);
+            ratio.push(tls / plain);
+            rps_p.push(plain);
+            rps_t.push(tls);
+        }
+        let (m, lo, hi) = stats(&mut ratio);
+        let (p, _, _) = stats(&mut rps_p);
+        let (t, _, _) = stats(&mut rps_t);
+        let (lp, _, _) = stats(&mut lat_p);
+        let (lt, _, _) = stats(&mut lat_t);
+        println!(
+            "TLS verify-full vs plain, one epoch of {n}: ratio median {m:.3} (min {lo:.3}, max {hi:.3}); plain {p:.0} rows/s, TLS {t:.0} rows/s; epochs of 100 records p50 plain {lp:.2} ms, TLS {lt:.2} ms"
         );
     });
 }

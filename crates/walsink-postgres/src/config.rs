@@ -3,7 +3,9 @@
 use crate::error::ConfigError;
 use crate::marker::MarkerTable;
 use crate::table::TableName;
+pub use crate::tls::SslMode;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -44,6 +46,13 @@ pub const WALSINK_PARAMETERS: &[&str] = &[
     "prepared_warn_after",
     "lock_timeout",
     "idle_in_transaction_timeout",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "passfile",
+    "password_file",
+    "password_env",
 ];
 
 /// The query parameters passed on to the connection library (tokio-postgres); `password`
@@ -64,7 +73,6 @@ pub const CONNECTION_PARAMETERS: &[&str] = &[
     "keepalives_retries",
     "target_session_attrs",
     "load_balance_hosts",
-    "sslmode",
     "sslnegotiation",
     "channel_binding",
 ];
@@ -76,10 +84,23 @@ pub const CONNECTION_PARAMETERS: &[&str] = &[
 /// plus the connection options tokio-postgres knows ([`CONNECTION_PARAMETERS`]:
 /// `connect_timeout=10`, `application_name=…`, `options=…`, `keepalives=…`); any other
 /// parameter is an error naming it. `Display` and `Debug` never show the password.
+///
+/// TLS takes libpq's parameters with libpq's meanings: `sslmode=disable|prefer|require|
+/// verify-ca|verify-full` (default `prefer`, as libpq; `verify-full` recommended),
+/// `sslrootcert=PATH|system`, `sslcert=PATH`, `sslkey=PATH`. The password, when the URL holds
+/// none, comes from `password_file=PATH` or `password_env=NAME`, else from `PGPASSWORD`, else
+/// from the password file (`passfile=PATH`, `PGPASSFILE` or `~/.pgpass`, read as libpq does).
 #[derive(Clone)]
 pub struct Config {
     pub(crate) pg: tokio_postgres::Config,
     shown: String,
+    /// Whether TLS is used, and how much of the server's certificate is verified (libpq's
+    /// `sslmode`).
+    pub sslmode: SslMode,
+    /// The TLS settings: the CA file (`sslrootcert`; `None` trusts the public roots of
+    /// `webpki-roots`), the client certificate and key (`sslcert`, `sslkey`) and the
+    /// verification `sslmode` implies. Read again on every connection.
+    pub tls: walsink_kit::TlsOptions,
     /// The target table.
     pub table: TableName,
     /// The marker table.
@@ -187,9 +208,196 @@ pub fn redact(url: &str) -> String {
     walsink::redact_url(url)
 }
 
+fn non_empty(v: String, what: &str) -> Result<String, ConfigError> {
+    if v.is_empty() {
+        return Err(ConfigError::new(format!(
+            "{what} is empty: give a value or leave the parameter out"
+        )));
+    }
+    Ok(v)
+}
+
+/// `~/.postgresql/NAME`, libpq's default place of the TLS files.
+fn libpq_home_file(name: &str) -> Option<PathBuf> {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(|h| Path::new(&h).join(".postgresql").join(name))
+}
+
+/// The TLS settings of the URL, with libpq's rules: `require` with a root certificate
+/// verifies the chain (as `verify-ca`); `verify-ca` and `verify-full` need a root certificate
+/// (`sslrootcert=PATH`, `~/.postgresql/root.crt`, or `sslrootcert=system` for the public
+/// roots, which needs `verify-full` and makes it the default); the files are read once here so
+/// that a missing or bad one is named before any connection.
+fn tls_options(
+    sslmode: Option<SslMode>,
+    sslrootcert: Option<String>,
+    sslcert: Option<PathBuf>,
+    sslkey: Option<PathBuf>,
+) -> Result<(SslMode, walsink_kit::TlsOptions), ConfigError> {
+    let system = sslrootcert.as_deref() == Some("system");
+    let mode = match (sslmode, system) {
+        (None, true) => SslMode::VerifyFull,
+        (Some(m), true) if m != SslMode::VerifyFull && m != SslMode::Disable => {
+            return Err(ConfigError::new(format!(
+                "sslmode={} may not be used with sslrootcert=system (the public roots are only worth trusting with the host name checked): use sslmode=verify-full",
+                m.name()
+            )))
+        }
+        (m, _) => m.unwrap_or(SslMode::Prefer),
+    };
+    let ca_file = match (&sslrootcert, system) {
+        (_, true) => None,
+        (Some(p), false) => Some(PathBuf::from(p)),
+        (None, false) => libpq_home_file("root.crt").filter(|p| p.exists()),
+    };
+    let verifies = matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull);
+    if verifies && ca_file.is_none() && !system {
+        return Err(ConfigError::new(format!(
+            "sslmode={} needs the CA certificate to verify the server's against: give sslrootcert=PATH (a PEM file), put it in ~/.postgresql/root.crt, or use sslrootcert=system for the public roots",
+            mode.name()
+        )));
+    }
+    let verify = match mode {
+        SslMode::VerifyFull => walsink_kit::Verify::Full,
+        SslMode::VerifyCa => walsink_kit::Verify::Ca,
+        // libpq: with a root certificate, require (and prefer) verify the chain.
+        _ if ca_file.is_some() => walsink_kit::Verify::Ca,
+        _ => walsink_kit::Verify::None,
+    };
+    let tls = walsink_kit::TlsOptions {
+        ca_file,
+        cert_file: sslcert,
+        key_file: sslkey,
+        verify,
+    };
+    if mode != SslMode::Disable {
+        tls.check("postgres", "sslcert", "sslkey")
+            .map_err(|e| ConfigError::new(e.to_string()))?;
+        if let Some(k) = &tls.key_file {
+            check_key_mode(k)?;
+        }
+        tls.client_config("postgres")
+            .map_err(|e| ConfigError::new(e.to_string()))?;
+    }
+    Ok((mode, tls))
+}
+
+/// libpq refuses a client key that its group or others may read (0640 is allowed for a
+/// file owned by root, for keys shared through a group).
+fn check_key_mode(path: &Path) -> Result<(), ConfigError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let Ok(meta) = std::fs::metadata(path) else {
+            return Ok(()); // named by the kit's read below
+        };
+        let mode = meta.permissions().mode() & 0o777;
+        let allowed = if meta.uid() == 0 { 0o640 } else { 0o600 };
+        if mode & !allowed != 0 {
+            return Err(ConfigError::new(format!(
+                "sslkey: {} has group or world access (mode {mode:o}): the private key must have permissions u=rw (0600) or less (chmod 0600 {})",
+                path.display(),
+                path.display()
+            )));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
+/// The password when the URL holds none: `password_file=` or `password_env=` (the kit's
+/// rules), else `PGPASSWORD`, else the password file as libpq reads it. Two explicit ways at
+/// once are refused naming them.
+fn resolve_password(
+    pg: &mut tokio_postgres::Config,
+    password_file: Option<&Path>,
+    password_env: Option<&str>,
+    passfile: Option<&str>,
+) -> Result<(), ConfigError> {
+    let given: Vec<&str> = [
+        pg.get_password()
+            .is_some()
+            .then_some("a password in the URL"),
+        password_file.is_some().then_some("password_file"),
+        password_env.is_some().then_some("password_env"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if given.len() > 1 {
+        return Err(ConfigError::new(format!(
+            "give the password one way only, not {}",
+            given.join(" and ")
+        )));
+    }
+    let kit = |e: walsink_kit::ConfigError| ConfigError::new(e.to_string());
+    if let Some(p) = password_file {
+        let s = walsink_kit::secret::from_file("postgres", "password_file", p).map_err(kit)?;
+        pg.password(s.expose());
+        return Ok(());
+    }
+    if let Some(v) = password_env {
+        let s = walsink_kit::secret::from_env("postgres", "password_env", v).map_err(kit)?;
+        pg.password(s.expose());
+        return Ok(());
+    }
+    if pg.get_password().is_some() {
+        return Ok(());
+    }
+    if let Some(p) = std::env::var("PGPASSWORD").ok().filter(|p| !p.is_empty()) {
+        pg.password(p);
+        return Ok(());
+    }
+    let Some(file) = crate::pgpass::default_path(passfile) else {
+        return Ok(());
+    };
+    let user = pg
+        .get_user()
+        .map(str::to_string)
+        .or_else(|| std::env::var("USER").ok())
+        .or_else(|| std::env::var("LOGNAME").ok())
+        .unwrap_or_default();
+    let dbname = pg.get_dbname().unwrap_or(&user).to_string();
+    let port = pg.get_ports().first().copied().unwrap_or(5432).to_string();
+    // tokio-postgres sends one password to every host: the first host with a line wins.
+    let hosts: Vec<String> = pg
+        .get_hosts()
+        .iter()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(p) => {
+                // libpq matches a socket in the default directory as "localhost".
+                let s = p.display().to_string();
+                if ["/tmp", "/var/run/postgresql", "/run/postgresql"].contains(&s.as_str()) {
+                    "localhost".to_string()
+                } else {
+                    s
+                }
+            }
+        })
+        .collect();
+    for host in &hosts {
+        let who = crate::pgpass::Lookup {
+            host,
+            port: &port,
+            database: &dbname,
+            user: &user,
+        };
+        if let Some(p) = crate::pgpass::lookup(&file, &who) {
+            pg.password(p);
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
 impl Config {
     /// A configuration from a tokio-postgres connection configuration and a table, with the
-    /// defaults: marker mode, the marker table `walsink_markers`, tables created if missing,
+    /// defaults: its `sslmode` (tokio-postgres's default is `prefer`, without verification of
+    /// the certificate; set [`Config::sslmode`] and [`Config::tls`] to verify it), marker mode, the marker table `walsink_markers`, tables created if missing,
     /// warnings for prepared transactions older than 5 minutes, a lock timeout of 5 s and an
     /// idle-in-transaction timeout of 60 s.
     pub fn new(pg: tokio_postgres::Config, table: TableName) -> Config {
@@ -209,9 +417,19 @@ impl Config {
             pg.get_dbname().unwrap_or(""),
             table.plain()
         );
+        let sslmode = match pg.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => SslMode::Disable,
+            tokio_postgres::config::SslMode::Require => SslMode::Require,
+            _ => SslMode::Prefer,
+        };
         Config {
             pg,
             shown,
+            sslmode,
+            tls: walsink_kit::TlsOptions {
+                verify: walsink_kit::Verify::None,
+                ..walsink_kit::TlsOptions::default()
+            },
             table,
             marker_table: MarkerTable::default(),
             mode: Mode::Marker,
@@ -249,6 +467,13 @@ impl Config {
         let mut warn_after = DEFAULT_PREPARED_WARN_AFTER;
         let mut lock_timeout = DEFAULT_LOCK_TIMEOUT;
         let mut idle_timeout = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT;
+        let mut sslmode = None;
+        let mut sslrootcert = None;
+        let mut sslcert = None;
+        let mut sslkey = None;
+        let mut passfile = None;
+        let mut password_file = None;
+        let mut password_env = None;
         let mut passed = Vec::new();
         let mut given = std::collections::HashSet::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -291,9 +516,22 @@ impl Config {
                 "idle_in_transaction_timeout" => {
                     idle_timeout = pg_timeout(parse_duration(&v, k)?, k, &v)?
                 }
+                "sslmode" => {
+                    sslmode = Some(SslMode::parse(&v).ok_or_else(|| {
+                        ConfigError::new(format!(
+                            "sslmode={v:?}: use disable, prefer (the default), require, verify-ca or verify-full (recommended)"
+                        ))
+                    })?)
+                }
+                "sslrootcert" => sslrootcert = Some(non_empty(v, k)?),
+                "sslcert" => sslcert = Some(PathBuf::from(non_empty(v, k)?)),
+                "sslkey" => sslkey = Some(PathBuf::from(non_empty(v, k)?)),
+                "passfile" => passfile = Some(non_empty(v, k)?),
+                "password_file" => password_file = Some(PathBuf::from(non_empty(v, k)?)),
+                "password_env" => password_env = Some(non_empty(v, k)?),
                 "password" => {
                     return Err(ConfigError::new(
-                        "password= in the query is not accepted (it would show in process lists and logs): put it in the URL's user part or in PGPASSWORD",
+                        "password= in the query is not accepted (it would show in process lists and logs): use password_file=PATH, password_env=NAME, PGPASSWORD or ~/.pgpass",
                     ))
                 }
                 _ if CONNECTION_PARAMETERS.contains(&k) => passed.push(pair),
@@ -329,16 +567,20 @@ impl Config {
                 redact(&conn)
             ))
         })?;
-        if pg.get_password().is_none() {
-            if let Ok(p) = std::env::var("PGPASSWORD") {
-                pg.password(p);
-            }
-        }
         if pg.get_hosts().is_empty() {
             pg.host("localhost");
         }
+        resolve_password(
+            &mut pg,
+            password_file.as_deref(),
+            password_env.as_deref(),
+            passfile.as_deref(),
+        )?;
+        let (sslmode, tls) = tls_options(sslmode, sslrootcert, sslcert, sslkey)?;
         let mut c = Config::new(pg, table);
         c.shown = shown;
+        c.sslmode = sslmode;
+        c.tls = tls;
         c.mode = mode;
         c.create = create;
         c.prepared_warn_after = warn_after;
@@ -367,6 +609,8 @@ impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
             .field("url", &self.shown)
+            .field("sslmode", &self.sslmode)
+            .field("tls", &self.tls)
             .field("table", &self.table.plain())
             .field("marker_table", &self.marker_table.name().plain())
             .field("mode", &self.mode)
@@ -482,10 +726,20 @@ mod tests {
         }
         assert!(!e.contains("s3cret"), "{e}");
         // A value the connection library refuses: its option is named.
+        let e = Config::from_url("postgres://u@h/d?table=t&sslnegotiation=sometimes")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("invalid value for option `sslnegotiation`"),
+            "{e}"
+        );
         let e = Config::from_url("postgres://u@h/d?table=t&sslmode=sometimes")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("invalid value for option `sslmode`"), "{e}");
+        assert!(
+            e.contains("sslmode=\"sometimes\"") && e.contains("verify-full"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -497,5 +751,178 @@ mod tests {
             "postgres://h/d?table=a@b"
         );
         assert_eq!(redact("postgres://u:p%2Fq@h/d"), "postgres://u:***@h/d");
+    }
+
+    use walsink_kit::testkit::TestCa;
+    use walsink_kit::Verify;
+
+    fn no_home_root_crt() -> bool {
+        libpq_home_file("root.crt").is_none_or(|p| !p.exists())
+    }
+
+    #[test]
+    fn sslmode_maps_onto_the_kits_verification_as_libpq_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new(dir.path(), "ca").unwrap();
+        let root = ca.ca_file().display().to_string();
+        let cfg = |q: &str| Config::from_url(&format!("postgres://u@h/d?table=t{q}"));
+        let c = cfg("").unwrap();
+        assert_eq!(c.sslmode, SslMode::Prefer, "libpq's default");
+        if no_home_root_crt() {
+            assert_eq!(c.tls.verify, Verify::None);
+            let c = cfg("&sslmode=require").unwrap();
+            assert_eq!((c.sslmode, c.tls.verify), (SslMode::Require, Verify::None));
+            for m in ["verify-ca", "verify-full"] {
+                let e = cfg(&format!("&sslmode={m}")).unwrap_err().to_string();
+                assert!(e.contains("sslrootcert") && e.contains(m), "{e}");
+            }
+        }
+        let c = cfg(&format!("&sslmode=require&sslrootcert={root}")).unwrap();
+        assert_eq!(
+            c.tls.verify,
+            Verify::Ca,
+            "require with a root certificate is verify-ca"
+        );
+        assert_eq!(c.tls.ca_file.as_deref(), Some(ca.ca_file().as_path()));
+        let c = cfg(&format!("&sslmode=verify-ca&sslrootcert={root}")).unwrap();
+        assert_eq!((c.sslmode, c.tls.verify), (SslMode::VerifyCa, Verify::Ca));
+        let c = cfg(&format!("&sslmode=verify-full&sslrootcert={root}")).unwrap();
+        assert_eq!(
+            (c.sslmode, c.tls.verify),
+            (SslMode::VerifyFull, Verify::Full)
+        );
+        let c = cfg("&sslmode=disable").unwrap();
+        assert_eq!(c.sslmode, SslMode::Disable);
+        // sslrootcert=system: the public roots, verify-full its default and only mode.
+        let c = cfg("&sslrootcert=system").unwrap();
+        assert_eq!(
+            (c.sslmode, c.tls.verify),
+            (SslMode::VerifyFull, Verify::Full)
+        );
+        assert_eq!(c.tls.ca_file, None);
+        let e = cfg("&sslrootcert=system&sslmode=require")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("verify-full"), "{e}");
+    }
+
+    #[test]
+    fn tls_files_are_checked_when_parsed_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new(dir.path(), "ca").unwrap();
+        let client = ca.client("client", "walsink").unwrap();
+        let root = ca.ca_file().display().to_string();
+        let cfg = |q: &str| {
+            Config::from_url(&format!(
+                "postgres://u:s3cret@h/d?table=t&sslmode=verify-full&sslrootcert={root}{q}"
+            ))
+        };
+        let e = cfg("&sslrootcert=/nonexistent/ca.pem")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("given twice"), "{e}");
+        let e = Config::from_url(
+            "postgres://u@h/d?table=t&sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("/nonexistent/ca.pem"), "{e}");
+        let e = cfg(&format!("&sslcert={}", client.cert.display()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sslkey"), "{e}");
+        let c = cfg(&format!(
+            "&sslcert={}&sslkey={}",
+            client.cert.display(),
+            client.key.display()
+        ))
+        .unwrap();
+        assert_eq!(c.tls.key_file.as_deref(), Some(client.key.as_path()));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&client.key, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let e = cfg(&format!(
+                "&sslcert={}&sslkey={}",
+                client.cert.display(),
+                client.key.display()
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("sslkey") && e.contains("0600"), "{e}");
+        }
+        let shown = format!("{:?}", cfg("").unwrap());
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+
+    #[test]
+    fn password_file_and_password_env_come_through_the_kit() {
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "fr0m-file\n").unwrap();
+        let c = Config::from_url(&format!(
+            "postgres://u@h/d?table=t&password_file={}",
+            pw.display()
+        ))
+        .unwrap();
+        assert_eq!(c.pg.get_password(), Some(&b"fr0m-file"[..]));
+        assert!(!format!("{c:?}{c}").contains("fr0m-file"));
+        let e = Config::from_url(&format!(
+            "postgres://u:inline@h/d?table=t&password_file={}",
+            pw.display()
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("one way only") && !e.contains("inline"), "{e}");
+        let e =
+            Config::from_url("postgres://u@h/d?table=t&password_env=WALSINK_PG_TEST_SURELY_UNSET")
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("WALSINK_PG_TEST_SURELY_UNSET is not set"), "{e}");
+        let e = Config::from_url("postgres://u@h/d?table=t&password_file=/nonexistent/pw")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("password_file") && e.contains("does not exist"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn passfile_gives_the_password_of_the_matching_line() {
+        if std::env::var_os("PGPASSWORD").is_some() {
+            return; // PGPASSWORD comes first, as in libpq
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pgpass");
+        std::fs::write(
+            &file,
+            "other:5432:*:alice:wrong\ndb.example:6543:app:alice:r\\:ight\n*:*:*:*:fallback\n",
+        )
+        .unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let url = |rest: &str| format!("postgres://{rest}&passfile={}", file.display());
+        let c = Config::from_url(&url("alice@db.example:6543/app?table=t")).unwrap();
+        assert_eq!(c.pg.get_password(), Some(&b"r:ight"[..]));
+        let c = Config::from_url(&url("bob@db.example:6543/app?table=t")).unwrap();
+        assert_eq!(c.pg.get_password(), Some(&b"fallback"[..]));
+        // A password in the URL is never replaced.
+        let c = Config::from_url(&url("alice:mine@db.example:6543/app?table=t")).unwrap();
+        assert_eq!(c.pg.get_password(), Some(&b"mine"[..]));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+            let c = Config::from_url(&url("alice@db.example:6543/app?table=t")).unwrap();
+            assert_eq!(
+                c.pg.get_password(),
+                None,
+                "a file others may read is ignored"
+            );
+        }
     }
 }

@@ -122,15 +122,51 @@ pub fn classify(e: &tokio_postgres::Error) -> (Class, String) {
         }
         return (classify_sqlstate(code), msg);
     }
+    // TLS: a certificate the settings refuse, or a server without TLS under sslmode=require
+    // and stricter. Configuration, not weather: permanent, with the reason named.
+    if let Some(f) = walsink_kit::tls::failure(e) {
+        return (
+            Class::Permanent,
+            format!(
+                "TLS handshake failed: {f}; fix sslrootcert/sslmode or the server's certificate"
+            ),
+        );
+    }
+    if chain_mentions(e, "server does not support TLS") {
+        return (
+            Class::Permanent,
+            "the server does not accept TLS connections, which sslmode=require (and verify-ca, verify-full) insists on: turn ssl on in the server or, to accept an unencrypted connection, use sslmode=prefer".into(),
+        );
+    }
     // No SQLSTATE: the connection (closed, I/O, a protocol error after a server crash) or the
     // client (a value that does not convert to the column's type).
     let text = e.to_string();
     let io = std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
-    if e.is_closed() || io || text.contains("connection") || text.contains("unexpected message") {
-        (Class::Retryable, format!("connection lost: {text}"))
-    } else {
-        (Class::Permanent, text)
+    // tokio-postgres's own text names only the kind ("error performing TLS handshake"); the
+    // reason is in its source chain.
+    let mut shown = text.clone();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        shown.push_str(&format!(": {c}"));
+        cause = c.source();
     }
+    if e.is_closed() || io || text.contains("connection") || text.contains("unexpected message") {
+        (Class::Retryable, format!("connection lost: {shown}"))
+    } else {
+        (Class::Permanent, shown)
+    }
+}
+
+/// Whether the text of `e` or of an error in its chain holds `needle`.
+fn chain_mentions(e: &(dyn std::error::Error + 'static), needle: &str) -> bool {
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        if e.to_string().contains(needle) {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
 }
 
 /// A [`SinkError`] for `e`, raised while doing `what` (for example `COPY into "events"`).

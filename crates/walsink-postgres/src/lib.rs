@@ -29,12 +29,14 @@ pub mod error;
 mod failpoint;
 pub mod mapping;
 pub mod marker;
+pub mod pgpass;
 mod sink;
 pub mod table;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod tls;
 
-pub use config::{Config, Mode};
+pub use config::{Config, Mode, SslMode};
 pub use error::{classify, classify_sqlstate, sink_error, Class, ConfigError};
 pub use mapping::{MapError, RawRows, RowMapping, RowWriter};
 pub use marker::{Marker, MarkerTable};

@@ -1,6 +1,6 @@
 //! [`PgSink`]: the [`AsyncSink`] that delivers epochs into a PostgreSQL table, exactly-once.
 
-use crate::config::{Config, Mode, DEFAULT_CONNECT_TIMEOUT};
+use crate::config::{Config, Mode, SslMode, DEFAULT_CONNECT_TIMEOUT};
 use crate::error::{sink_error, Class};
 use crate::failpoint;
 use crate::mapping::{self, RawRows, RowMapping};
@@ -256,17 +256,44 @@ impl PgSink {
 
     async fn plain_connect_unbounded(&self) -> Result<tokio_postgres::Client, SinkError> {
         let shown = self.config.to_string();
-        let (client, connection) = self
-            .config
-            .pg
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| sink_error(&format!("connect to {shown}"), e))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "PostgreSQL connection ended");
+        // libpq never asks for TLS over a Unix-domain socket (the server would refuse it),
+        // whatever sslmode says.
+        #[cfg(unix)]
+        let local = {
+            let hosts = self.config.pg.get_hosts();
+            !hosts.is_empty()
+                && self.config.pg.get_hostaddrs().is_empty()
+                && hosts
+                    .iter()
+                    .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)))
+        };
+        #[cfg(not(unix))]
+        let local = false;
+        let mode = if local {
+            SslMode::Disable
+        } else {
+            self.config.sslmode
+        };
+        let tls = match mode {
+            SslMode::Disable => None,
+            _ => Some(self.tls().map_err(|e| {
+                SinkError::permanent(format!("connect to {shown}: {e} (TLS settings; fix the file or the sslrootcert, sslcert, sslkey parameters)"))
+            })?),
+        };
+        let client = match self.open(mode, tls).await {
+            Ok(c) => c,
+            // libpq: with sslmode=prefer a failed handshake is tried again without TLS.
+            Err(e) if mode == SslMode::Prefer && walsink_kit::tls::failure(&e).is_some() => {
+                tracing::warn!(
+                    "TLS to {shown} failed ({}): connecting without TLS, as sslmode=prefer allows; use sslmode=verify-full to refuse an unverified server",
+                    walsink_kit::tls::failure(&e).expect("matched above")
+                );
+                self.open(SslMode::Disable, None)
+                    .await
+                    .map_err(|e| sink_error(&format!("connect to {shown}"), e))?
             }
-        });
+            Err(e) => return Err(sink_error(&format!("connect to {shown}"), e)),
+        };
         // Bounds on waiting behind, and on being, a transaction whose client is gone (see
         // docs/targets/postgres.md, "Transactions of a connection that is gone").
         client
@@ -283,6 +310,49 @@ impl PgSink {
                 )
             })?;
         Ok(client)
+    }
+
+    /// A connection with TLS as `mode` says, its task spawned on the current runtime.
+    async fn open(
+        &self,
+        mode: SslMode,
+        tls: Option<rustls::ClientConfig>,
+    ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        fn run<S, T>(connection: tokio_postgres::Connection<S, T>)
+        where
+            S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+            T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        {
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "PostgreSQL connection ended");
+                }
+            });
+        }
+        let mut pg = self.config.pg.clone();
+        pg.ssl_mode(mode.wire());
+        match tls {
+            Some(tls) if mode != SslMode::Disable => {
+                let (client, connection) = pg.connect(crate::tls::RustlsConnect::new(tls)).await?;
+                run(connection);
+                Ok(client)
+            }
+            _ => {
+                pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
+                run(connection);
+                Ok(client)
+            }
+        }
+    }
+
+    /// The rustls settings of the configuration, read again for each connection (so that a
+    /// renewed certificate is taken without a restart).
+    fn tls(&self) -> Result<rustls::ClientConfig, walsink_kit::ConfigError> {
+        let mut cfg = self.config.tls.client_config("postgres")?;
+        // PostgreSQL 17's ALPN name (needed by sslnegotiation=direct, harmless otherwise).
+        cfg.alpn_protocols = vec![b"postgresql".to_vec()];
+        Ok(cfg)
     }
 
     /// Runs a read on the sink's connection, or on a plain one when the sink is not set up

@@ -14,6 +14,10 @@
 //! let url = pg.url("postgres"); // postgres://postgres@127.0.0.1:PORT/postgres
 //! # Ok(()) }
 //! ```
+//!
+//! [`Cluster::start_with`] also serves TLS (`ssl = on` with a given certificate and key, and
+//! optionally a CA for client certificates), sets the `postgres` user's password and writes
+//! the `pg_hba.conf` lines given ([`Setup`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -71,11 +75,32 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// What [`Cluster::start_with`] sets up beyond the settings.
+#[derive(Debug, Clone, Default)]
+pub struct Setup {
+    /// A server certificate and its key (PEM files): the server serves TLS (`ssl = on`) with
+    /// copies of them in its data directory (the key owned by the server's user, mode 0600).
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// A CA certificate (PEM) the server verifies client certificates against
+    /// (`ssl_ca_file`), for `clientcert=verify-full` lines.
+    pub client_ca: Option<PathBuf>,
+    /// The password of the `postgres` user (set by `initdb --pwfile`).
+    pub password: Option<String>,
+    /// `pg_hba.conf` lines for TCP connections, replacing the default `host all all
+    /// 127.0.0.1/32 trust` (a `local all all trust` line stays first for the tools).
+    pub hba: Option<Vec<String>>,
+}
+
 impl Cluster {
     /// Creates and starts a cluster with `settings` (`name`, `value` pairs passed to the
     /// server as `-c name=value`, for example `("max_prepared_transactions", "10")` or
     /// `("wal_level", "logical")`).
     pub fn start(settings: &[(&str, &str)]) -> io::Result<Cluster> {
+        Cluster::start_with(settings, &Setup::default())
+    }
+
+    /// [`Cluster::start`] with TLS, a password or authentication lines ([`Setup`]).
+    pub fn start_with(settings: &[(&str, &str)], setup: &Setup) -> io::Result<Cluster> {
         let bin = bin_dir()?;
         let as_postgres = is_root();
         let dir = tempfile::Builder::new()
@@ -91,27 +116,48 @@ impl Cluster {
             as_postgres,
         };
         let data = c.data_dir();
-        c.run(
-            "initdb",
-            &[
-                "-D",
-                path_str(&data)?,
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "--no-sync",
-                "-E",
-                "UTF8",
-                "--locale=C",
-            ],
-        )?;
+        let mut initdb = vec![
+            "-D".to_string(),
+            path_str(&data)?.to_string(),
+            "-A".into(),
+            "trust".into(),
+            "-U".into(),
+            "postgres".into(),
+            "--no-sync".into(),
+            "-E".into(),
+            "UTF8".into(),
+            "--locale=C".into(),
+        ];
+        if let Some(pw) = &setup.password {
+            let f = c.dir.path().join("pwfile");
+            c.private_copy_text(&f, pw)?;
+            initdb.push(format!("--pwfile={}", path_str(&f)?));
+        }
+        let args: Vec<&str> = initdb.iter().map(String::as_str).collect();
+        c.run("initdb", &args)?;
+        let _ = std::fs::remove_file(c.dir.path().join("pwfile"));
         // Settings go into postgresql.auto.conf so a restart keeps them.
         let mut conf = String::from("listen_addresses = '127.0.0.1'\n");
         conf.push_str(&format!(
             "unix_socket_directories = '{}'\nfsync = on\n",
             c.dir.path().display()
         ));
+        if let Some((cert, key)) = &setup.tls {
+            c.install_tls(cert, key)?;
+            conf.push_str("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        }
+        if let Some(ca) = &setup.client_ca {
+            c.private_copy_text(&data.join("client_ca.crt"), &std::fs::read_to_string(ca)?)?;
+            conf.push_str("ssl_ca_file = 'client_ca.crt'\n");
+        }
+        if let Some(lines) = &setup.hba {
+            let mut hba = String::from("local all all trust\n");
+            for l in lines {
+                hba.push_str(l);
+                hba.push('\n');
+            }
+            c.private_copy_text(&data.join("pg_hba.conf"), &hba)?;
+        }
         for (k, v) in settings {
             conf.push_str(&format!("{k} = '{}'\n", v.replace('\'', "''")));
         }
@@ -133,6 +179,33 @@ impl Cluster {
 
     fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
+    }
+
+    /// Writes `text` to `path`, owned by the server's user and readable by it only.
+    fn private_copy_text(&self, path: &Path, text: &str) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::remove_file(path);
+        std::fs::write(path, text)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        if self.as_postgres {
+            run_checked(Command::new("chown").arg("postgres:").arg(path))?;
+        }
+        Ok(())
+    }
+
+    fn install_tls(&self, cert: &Path, key: &Path) -> io::Result<()> {
+        let data = self.data_dir();
+        self.private_copy_text(&data.join("server.crt"), &std::fs::read_to_string(cert)?)?;
+        self.private_copy_text(&data.join("server.key"), &std::fs::read_to_string(key)?)
+    }
+
+    /// Serves TLS with another certificate and key from now on: installs copies of them and
+    /// restarts the server (fast), so that the next connection sees the new certificate.
+    /// The cluster must have been started with [`Setup::tls`].
+    pub fn replace_tls(&self, cert: &Path, key: &Path) -> io::Result<()> {
+        self.stop(StopMode::Fast)?;
+        self.install_tls(cert, key)?;
+        self.start_again()
     }
 
     fn pg_ctl_start(&self) -> io::Result<()> {

@@ -15,10 +15,18 @@ const STREAM_NOT_FOUND: u64 = 10059;
 ///
 /// A failed TLS handshake is named by its reason ([`walsink_kit::tls::TlsFailure`]: an
 /// unknown CA, an expired certificate, a host name the certificate does not carry, a
-/// refused client certificate) and is permanent when the certificates are at fault (a retry
-/// meets the same certificate), retryable otherwise.
+/// refused client certificate, a server that does not speak TLS) and is permanent when the
+/// certificates or the server's TLS setting are at fault (a retry meets the same), retryable
+/// otherwise.
 pub fn classify_connect(e: &ConnectError, what: &str) -> SinkError {
     if let Some(f) = walsink_kit::tls::failure(e) {
+        // A server without TLS reads the client's handshake as an unknown protocol
+        // operation and answers in plain text, which rustls reports as a corrupt record.
+        if matches!(&f, TlsFailure::Other(t) if t.contains("InvalidContentType")) {
+            return SinkError::permanent(format!(
+                "{what}: TLS: the server does not answer in TLS on this port (is TLS on for it? a server without TLS takes nats://… without TLS settings) ({e})"
+            ));
+        }
         let msg = format!("{what}: TLS: {f} ({e})");
         return match f {
             TlsFailure::Other(_) => SinkError::retryable(msg),

@@ -35,6 +35,11 @@ pub struct ServerTls {
     /// A CA to verify client certificates against; with it the server demands one
     /// (`verify: true`).
     pub client_ca: Option<PathBuf>,
+    /// More of the server's configuration, appended as it is (an `authorization {}` block,
+    /// say).
+    pub extra: String,
+    /// The user and password of [`ServerTls::user`], for [`TlsServer::client`].
+    pub login: Option<(String, String)>,
 }
 
 impl ServerTls {
@@ -44,12 +49,23 @@ impl ServerTls {
             cert: cert.cert.clone(),
             key: cert.key.clone(),
             client_ca: None,
+            extra: String::new(),
+            login: None,
         }
     }
 
     /// The server also demands a client certificate signed by the CA in `ca_file`.
     pub fn verify_clients(mut self, ca_file: &Path) -> ServerTls {
         self.client_ca = Some(ca_file.to_path_buf());
+        self
+    }
+
+    /// The server also demands `user` with `password` (an `authorization {}` block).
+    pub fn user(mut self, user: &str, password: &str) -> ServerTls {
+        self.extra.push_str(&format!(
+            "authorization {{\n  user: {user:?}\n  password: {password:?}\n}}\n"
+        ));
+        self.login = Some((user.to_string(), password.to_string()));
         self
     }
 }
@@ -59,6 +75,7 @@ pub struct TlsServer {
     dir: PathBuf,
     port: u16,
     child: Option<Child>,
+    login: Option<(String, String)>,
 }
 
 fn free_port() -> io::Result<u16> {
@@ -77,6 +94,7 @@ impl TlsServer {
             dir,
             port: free_port()?,
             child: None,
+            login: None,
         };
         s.launch(tls)?;
         Ok(s)
@@ -112,8 +130,10 @@ impl TlsServer {
             block.push_str(&format!("  ca_file: {}\n  verify: true\n", q(ca)));
         }
         block.push_str("}\n");
+        block.push_str(&tls.extra);
         let conf = self.dir.join("nats.conf");
         std::fs::write(&conf, block)?;
+        self.login = tls.login.clone();
         let log = self.dir.join("nats.log");
         let _ = std::fs::remove_file(&log);
         let bin = std::env::var("WALSINK_NATS_SERVER").unwrap_or_else(|_| "nats-server".into());
@@ -157,11 +177,15 @@ impl TlsServer {
     }
 
     /// A client over TLS with `tls` (which must satisfy the server), for the test's own
-    /// stream set-up and reading back.
+    /// stream set-up and reading back, logged in as the user of [`ServerTls::user`] if the
+    /// server was last started with one.
     pub async fn client(&self, tls: &TlsOptions) -> Result<async_nats::Client, String> {
         let cfg = tls.client_config("nats").map_err(|e| e.to_string())?;
-        async_nats::ConnectOptions::new()
-            .require_tls(true)
+        let mut opts = async_nats::ConnectOptions::new();
+        if let Some((u, p)) = &self.login {
+            opts = opts.user_and_password(u.clone(), p.clone());
+        }
+        opts.require_tls(true)
             .tls_client_config(cfg)
             .connect(format!("127.0.0.1:{}", self.port))
             .await

@@ -348,3 +348,61 @@ async fn tls_demanded_of_a_server_without_it_is_refused() {
     assert!(msg.contains("does not answer in TLS"), "{msg}");
     assert_eq!(e.class(), SinkErrorClass::Permanent, "{msg}");
 }
+
+/// The password reaches the server from the URL (with a `+` in it, which form decoding
+/// turned into a space), from `password_file` and from `password_env`; a wrong one is
+/// refused without showing it.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and the installed nats-server"
+)]
+async fn a_password_from_the_url_a_file_or_the_environment_logs_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new(dir.path(), "ca").unwrap();
+    let cert = ca
+        .server("nats", &["127.0.0.1"], Validity::Current)
+        .unwrap();
+    let password = "s3cr+t pw";
+    let server =
+        TlsServer::start(dir.path(), &ServerTls::new(&cert).user("bob", password)).unwrap();
+    let (stream, subject) = names();
+    let base = |auth: &str, extra: &str| {
+        format!(
+            "tls://{auth}127.0.0.1:{}/?stream={stream}&subject={subject}&create=true&ca_file={}{extra}",
+            server.port(),
+            ca.ca_file().display()
+        )
+    };
+    let file = dir.path().join("pw");
+    std::fs::write(&file, format!("{password}\n")).unwrap();
+    let var = format!("WALSINK_NATS_TLS_TEST_PW_{}", std::process::id());
+    std::env::set_var(&var, password);
+    for url in [
+        base("bob:s3cr+t%20pw@", ""),
+        base("bob@", &format!("&password_file={}", file.display())),
+        base("bob@", &format!("&password_env={var}")),
+    ] {
+        sink(&url)
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "not-the-password").unwrap();
+    let e = sink(&base(
+        "bob@",
+        &format!("&password_file={}", wrong.display()),
+    ))
+    .connect()
+    .await
+    .unwrap_err();
+    let msg = e.to_string();
+    assert_eq!(e.class(), SinkErrorClass::Permanent, "{msg}");
+    assert!(msg.contains("check the user, password"), "{msg}");
+    assert!(
+        !msg.contains("not-the-password") && !msg.contains(password),
+        "{msg}"
+    );
+    std::env::remove_var(&var);
+}

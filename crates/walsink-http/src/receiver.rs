@@ -124,6 +124,24 @@ pub struct Tls {
     pub key: Vec<u8>,
 }
 
+impl Tls {
+    /// Reads a certificate chain and its PKCS#8 key from PEM files (as the kit's testkit
+    /// writes them).
+    pub fn from_pem_files(cert: &std::path::Path, key: &std::path::Path) -> std::io::Result<Tls> {
+        use rustls::pki_types::pem::PemObject;
+        let bad = |e: rustls::pki_types::pem::Error| std::io::Error::other(e.to_string());
+        let certs = rustls::pki_types::CertificateDer::pem_file_iter(cert)
+            .map_err(bad)?
+            .map(|c| c.map(|c| c.to_vec()).map_err(bad))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let key = rustls::pki_types::PrivatePkcs8KeyDer::from_pem_file(key)
+            .map_err(bad)?
+            .secret_pkcs8_der()
+            .to_vec();
+        Ok(Tls { certs, key })
+    }
+}
+
 impl Receiver {
     /// Starts a plain HTTP receiver on `127.0.0.1` (a free port) on the current runtime.
     ///

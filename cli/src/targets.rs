@@ -84,7 +84,7 @@ pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Some(redis::parse(spec)),
         #[cfg(feature = "nats")]
-        "nats" => Some(nats::parse(spec)),
+        "nats" | "tls" => Some(nats::parse(spec)),
         _ => None,
     }
 }

@@ -10,7 +10,8 @@ mod common;
 use common::*;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use walsink_http::receiver::{Fault, Mode, Receiver};
+use walsink_http::receiver::{Fault, Mode, Receiver, Tls};
+use walsink_kit::testkit::{TestCa, Validity};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -137,9 +138,42 @@ fn a_permanent_error_ends_the_run_and_a_rerun_delivers_once() {
     assert_eq!(r.records("pipe", 0), want);
 }
 
+/// A receiver over TLS with a certificate for `localhost` and `127.0.0.1` from a test CA
+/// in `dir`; returns it with the CA file.
+fn tls_receiver(
+    rt: &tokio::runtime::Runtime,
+    dir: &Path,
+    validity: Validity,
+    names: &[&str],
+) -> (Receiver, std::path::PathBuf) {
+    let ca = TestCa::new(dir, &format!("ca{}", fastrand::u32(..))).unwrap();
+    let cert = ca
+        .server(&format!("recv{}", fastrand::u32(..)), names, validity)
+        .unwrap();
+    let tls = Tls::from_pem_files(&cert.cert, &cert.key).unwrap();
+    let r = rt
+        .block_on(Receiver::start_with(Mode::Keep, Some(tls)))
+        .unwrap();
+    (r, ca.ca_file())
+}
+
 fn kill_loop_case(params: &str, seed: u64) {
+    kill_loop_case_over(params, seed, false)
+}
+
+fn kill_loop_case_over(params: &str, seed: u64, over_tls: bool) {
     let rt = runtime();
-    let r = rt.block_on(Receiver::start(Mode::Keep)).unwrap();
+    let certs = tempfile::tempdir().unwrap();
+    let (r, params) = if over_tls {
+        let (r, ca) = tls_receiver(&rt, certs.path(), Validity::Current, &["localhost"]);
+        (r, format!("{params}&ca_file={}", ca.display()))
+    } else {
+        (
+            rt.block_on(Receiver::start(Mode::Keep)).unwrap(),
+            params.to_string(),
+        )
+    };
+    let params = params.as_str();
     // 1 in 10 requests: a 5xx, a 429, an answer after the timeout, or a connection closed
     // before or during the answer.
     r.chaos(seed, 0.1, Duration::from_millis(1500));
@@ -177,6 +211,85 @@ fn kill_loop_into_http_with_faults() {
 #[test]
 fn kill_loop_into_http_with_gzip_and_chunks_in_flight_together() {
     kill_loop_case("max_records=60&gzip=true&concurrency=3", 32);
+}
+
+#[test]
+fn kill_loop_into_https_with_faults() {
+    kill_loop_case_over("max_records=100&max_bytes=4KiB", 33, true);
+}
+
+/// Over HTTPS: a wrong CA, an expired certificate and a wrong host name each end the run at
+/// start naming the reason, with nothing sent and the lines kept in the log; the run with
+/// the setting (or the certificate) fixed delivers every line once.
+#[test]
+fn a_wrong_ca_an_expired_certificate_and_a_wrong_host_end_the_run_and_the_fixed_run_delivers_once()
+{
+    let rt = runtime();
+    let d = tempfile::tempdir().unwrap();
+    let want = lines("s", 0, 500);
+    let (_, other_ca) = tls_receiver(&rt, d.path(), Validity::Current, &["localhost"]);
+    let names = ["localhost", "127.0.0.1"];
+    for case in ["wrong CA", "expired", "wrong host"] {
+        let (inp, wal) = (
+            d.path().join(format!("{case}.txt")),
+            d.path().join(format!("{case}.wal")),
+        );
+        write_lines(&inp, &want);
+        let validity = if case == "expired" {
+            Validity::Expired
+        } else {
+            Validity::Current
+        };
+        let (r, ca) = tls_receiver(
+            &rt,
+            d.path(),
+            validity,
+            if case == "wrong host" {
+                &names[..1]
+            } else {
+                &names
+            },
+        );
+        let by_name = format!("{}?max_records=50&ca_file={}", r.url("in"), ca.display());
+        let (bad, reason) = match case {
+            "wrong CA" => (
+                format!("{}?ca_file={}", r.url("in"), other_ca.display()),
+                "not signed by a trusted CA",
+            ),
+            "expired" => (by_name.clone(), "certificate has expired"),
+            _ => (
+                format!(
+                    "https://127.0.0.1:{}/in?ca_file={}",
+                    r.addr().port(),
+                    ca.display()
+                ),
+                "does not carry the host name",
+            ),
+        };
+        let o = run(&http_args(&inp, &wal, &bad, &["--quiet"]));
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{case}: {err}");
+        assert!(
+            err.contains("cannot reach") && err.contains(reason),
+            "{case}: {err}"
+        );
+        eprintln!(
+            "refused as expected: {}",
+            err.lines().find(|l| l.contains(reason)).unwrap_or_default()
+        );
+        assert_eq!(r.seen(|s| s.requests), 0, "{case}: nothing sent");
+        // Fixed: the right CA, a renewed certificate, the name the certificate carries.
+        let (r, fixed) = if case == "expired" {
+            let (r, ca) = tls_receiver(&rt, d.path(), Validity::Current, &names);
+            let url = format!("{}?max_records=50&ca_file={}", r.url("in"), ca.display());
+            (r, url)
+        } else {
+            (r, by_name)
+        };
+        let o = run(&http_args(&inp, &wal, &fixed, &["--quiet"]));
+        assert!(o.status.success(), "{case}: {}", stderr(&o));
+        assert_eq!(r.records("pipe", 0), want, "{case}: every line once");
+    }
 }
 
 #[test]

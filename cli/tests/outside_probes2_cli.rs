@@ -96,6 +96,42 @@ fn a_password_holding_url_delimiters_never_appears() {
             leaks.push(format!("files of {url}"));
         }
     }
+    // The other ways in (issue 34): a file or an environment variable named in the URL.
+    let secret_file = dir.path().join("secret");
+    fs::write(&secret_file, "PW#SECRETtail+/x\n").unwrap();
+    let f = secret_file.display();
+    let var = "WALSINK_PROBE2_SECRET";
+    let ways = [
+        format!("nats://alice@127.0.0.1:9/?stream=s&subject=x&password_file={f}"),
+        format!("nats://alice@127.0.0.1:9/?stream=s&subject=x&password_env={var}"),
+        format!("nats://127.0.0.1:9/?stream=s&subject=x&token_file={f}"),
+        format!("tls://127.0.0.1:9/?stream=s&subject=x&token_env={var}"),
+        format!("http://127.0.0.1:9/in?bearer_file={f}"),
+        format!("http://alice@127.0.0.1:9/in?password_env={var}"),
+        format!("https://alice@127.0.0.1:9/in?password_file={f}"),
+    ];
+    for (i, url) in ways.iter().enumerate() {
+        let wal = dir.path().join(format!("wal-way{i}"));
+        let args = pipe_args_to(
+            &input,
+            &wal,
+            url,
+            &["--json", "--retry-deadline", "1s", "--max-retries", "1"],
+        );
+        let o = Command::new(env!("CARGO_BIN_EXE_walsink"))
+            .args(&args)
+            .env(var, "PW#SECRETtail+/x")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = format!("{}{}", stdout(&o), stderr(&o));
+        if text.contains("SECRETtail") {
+            leaks.push(format!("pipe {url}: {text}"));
+        }
+        if contains(&all_bytes(&wal), b"SECRETtail") {
+            leaks.push(format!("files of {url}"));
+        }
+    }
     assert!(leaks.is_empty(), "{leaks:#?}");
 }
 

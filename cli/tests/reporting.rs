@@ -155,6 +155,43 @@ fn a_failing_redis_target_shows_a_retry_line_without_its_password() {
     }
 }
 
+/// The same with the password or token from a file or the environment (issue 34): the run
+/// fails visibly and never shows it.
+#[test]
+fn a_failing_target_with_a_secret_from_a_file_or_the_environment_never_shows_it() {
+    let d = tempfile::tempdir().unwrap();
+    let inp = d.path().join("in.txt");
+    write_lines(&inp, &lines("r", 0, 50));
+    let pw = d.path().join("pw");
+    std::fs::write(&pw, "s3cr3tpw").unwrap();
+    let port = unavailable_http_port();
+    for (i, sink) in [
+        format!(
+            "nats://walsink@127.0.0.1:{port}/?stream=s&subject=x&password_file={}",
+            pw.display()
+        ),
+        format!("tls://127.0.0.1:{port}/?stream=s&subject=x&token_env=WALSINK_REPORTING_PW"),
+        format!("http://127.0.0.1:{port}/in?bearer_file={}", pw.display()),
+        format!("http://walsink@127.0.0.1:{port}/in?password_env=WALSINK_REPORTING_PW"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let wal = d.path().join(format!("wal{i}"));
+        let args = pipe_args_to(&inp, &wal, sink, &["--retry-deadline", "3s"]);
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_walsink"))
+            .args(&args)
+            .env("WALSINK_REPORTING_PW", "s3cr3tpw")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{sink}: {err}");
+        assert!(!err.is_empty(), "{sink}: the failure shows");
+        assert!(!err.contains("s3cr3tpw"), "{sink}: password shown: {err}");
+    }
+}
+
 /// The core's promised warning on a failed delivery ("delivery failed; retrying") shows on
 /// stderr by default as a readable line, as one JSON object per line with `--log-format
 /// json`, and not with `RUST_LOG=error`.

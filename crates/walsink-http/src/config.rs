@@ -3,7 +3,8 @@
 //! ```text
 //! http[s]://[USER[:PASSWORD]@]HOST[:PORT]/PATH?max_records=N&max_bytes=B&timeout=5s
 //!     &concurrency=N&gzip=true&newline=reject|escape&retries=N&retry_after_max=30s
-//!     &content_type=TYPE&bearer_env=VAR&ca_file=PATH
+//!     &content_type=TYPE&bearer_env=VAR|bearer_file=PATH&password_file=PATH|password_env=VAR
+//!     &ca_file=PATH&cert_file=PATH&key_file=PATH&verify=full|ca|none
 //! ```
 //!
 //! The parameters are walsink's and are taken off the URL; the request goes to
@@ -11,12 +12,43 @@
 //! passes silently), so the endpoint's URL cannot carry a query string of its own.
 //! Credentials never show: the [`Display`](std::fmt::Display) and `Debug` forms mask the
 //! password, and a bearer token is read from the environment variable named by
-//! `bearer_env`, never from the URL.
+//! `bearer_env` or the file named by `bearer_file`, never from the URL. Parameter values
+//! are percent-decoded with `+` kept a plus sign ([`walsink_kit::params`]).
 
 use crate::chunking::Newline;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
+use walsink_kit::{secret, Params, TlsOptions, Verify};
+
+/// The parameters [`Config::from_url`] takes, for the message about an unknown one.
+const KNOWN: &[&str] = &[
+    "max_records",
+    "max_bytes",
+    "timeout",
+    "concurrency",
+    "gzip",
+    "newline",
+    "retries",
+    "retry_after_max",
+    "content_type",
+    "bearer_env",
+    "bearer_file",
+    "password_file",
+    "password_env",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "verify",
+];
+
+/// A kit error (duplicate, unknown or unreadable parameter) as this crate's.
+fn kit(e: walsink_kit::ConfigError) -> ConfigError {
+    ConfigError::Parameter {
+        name: e.parameter,
+        reason: e.reason,
+    }
+}
 
 /// Default [`Config::max_records`].
 pub const DEFAULT_MAX_RECORDS: usize = 1000;
@@ -46,6 +78,9 @@ pub struct Config {
     /// Name of an environment variable holding a bearer token, sent as
     /// `Authorization: Bearer TOKEN` (read when the sink is made; never shown).
     pub bearer_env: Option<String>,
+    /// A file holding the bearer token (its text without one trailing newline, read when
+    /// the sink is made; never shown). At most one of `bearer_env` and `bearer_file`.
+    pub bearer_file: Option<PathBuf>,
     /// Most records in one request (default 1000).
     pub max_records: usize,
     /// Most body bytes in one request before compression (default 1 MiB). A single record
@@ -67,8 +102,17 @@ pub struct Config {
     pub retry_after_max: Duration,
     /// The `Content-Type` of each request (default `application/x-ndjson`).
     pub content_type: String,
-    /// A PEM file of extra root certificates to trust for `https` (a private CA).
+    /// A PEM file of extra root certificates to trust for `https` (a private CA), in
+    /// addition to the Mozilla roots.
     pub ca_file: Option<PathBuf>,
+    /// A PEM file of the client certificate chain, for a receiver that asks for one (with
+    /// [`Config::key_file`]).
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// How much of the receiver's certificate is checked (default [`Verify::Full`]: the
+    /// chain and the host name; the recommended setting).
+    pub verify: Verify,
 }
 
 /// A `--sink` URL or a parameter that cannot be used.
@@ -117,6 +161,7 @@ impl Config {
             endpoint,
             basic: None,
             bearer_env: None,
+            bearer_file: None,
             max_records: DEFAULT_MAX_RECORDS,
             max_bytes: DEFAULT_MAX_BYTES,
             timeout: DEFAULT_TIMEOUT,
@@ -127,6 +172,9 @@ impl Config {
             retry_after_max: DEFAULT_RETRY_AFTER_MAX,
             content_type: DEFAULT_CONTENT_TYPE.to_string(),
             ca_file: None,
+            cert_file: None,
+            key_file: None,
+            verify: Verify::Full,
         }
     }
 
@@ -146,74 +194,108 @@ impl Config {
                 reason: format!("no host in {}", walsink::redact_url(text)),
             });
         }
-        let basic = (!url.username().is_empty() || url.password().is_some()).then(|| {
+        let url_basic = (!url.username().is_empty() || url.password().is_some()).then(|| {
             let user = percent_decode(url.username());
             (user, url.password().map(percent_decode))
         });
         let _ = url.set_username("");
         let _ = url.set_password(None);
-        let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+        let query = url.query().map(str::to_owned);
+        let mut p = Params::parse("http", query.as_deref()).map_err(kit)?;
         url.set_query(None);
         url.set_fragment(None);
-        let mut c = Config::new(url);
-        c.basic = basic;
-        let mut seen = std::collections::HashSet::new();
-        for (k, v) in pairs {
-            if !seen.insert(k.clone()) {
-                return Err(param(&k, "given twice"));
-            }
-            match k.as_str() {
-                "max_records" => c.max_records = positive(&k, &v)?,
-                "max_bytes" => c.max_bytes = bytes(&k, &v)?,
-                "timeout" => c.timeout = duration(&k, &v)?,
-                "concurrency" => {
-                    c.concurrency = positive(&k, &v)?;
-                    if c.concurrency > 256 {
-                        return Err(param(&k, "at most 256 chunks in flight"));
-                    }
-                }
-                "gzip" => c.gzip = boolean(&k, &v)?,
-                "newline" => {
-                    c.newline = match v.as_str() {
-                        "reject" => Newline::Reject,
-                        "escape" => Newline::Escape,
-                        _ => return Err(param(&k, format!("{v:?} is not reject or escape"))),
-                    }
-                }
-                "retries" => {
-                    c.retries = v
-                        .parse()
-                        .map_err(|_| param(&k, format!("{v:?} is not a count")))?
-                }
-                "retry_after_max" => c.retry_after_max = duration(&k, &v)?,
-                "content_type" => {
-                    if v.is_empty() || !v.bytes().all(|b| (0x20..0x7f).contains(&b)) {
-                        return Err(param(&k, "must be printable ASCII"));
-                    }
-                    c.content_type = v;
-                }
-                "bearer_env" => {
-                    if v.is_empty() {
-                        return Err(param(&k, "names an environment variable"));
-                    }
-                    c.bearer_env = Some(v);
-                }
-                "ca_file" => c.ca_file = Some(PathBuf::from(v)),
-                "token" | "bearer" | "password" | "authorization" => {
-                    return Err(param(
-                        &k,
-                        "secrets do not go in the URL (it shows in process lists and shell history): put the token in an environment variable and name it with bearer_env=VAR",
-                    ))
-                }
-                _ => {
-                    return Err(param(
-                        &k,
-                        "unknown; the parameters are max_records, max_bytes, timeout, concurrency, gzip, newline, retries, retry_after_max, content_type, bearer_env, ca_file",
-                    ))
-                }
+        for name in ["token", "bearer", "password", "authorization"] {
+            if p.contains(name) {
+                return Err(param(
+                    name,
+                    "secrets do not go in the URL (it shows in process lists and shell history): put the token in a file or an environment variable and name it with bearer_file=PATH or bearer_env=VAR",
+                ));
             }
         }
+        let mut c = Config::new(url);
+        if let Some(v) = p.text("max_records").map_err(kit)? {
+            c.max_records = positive("max_records", &v)?;
+        }
+        if let Some(v) = p.text("max_bytes").map_err(kit)? {
+            c.max_bytes = bytes("max_bytes", &v)?;
+        }
+        if let Some(v) = p.text("timeout").map_err(kit)? {
+            c.timeout = duration("timeout", &v)?;
+        }
+        if let Some(v) = p.text("concurrency").map_err(kit)? {
+            c.concurrency = positive("concurrency", &v)?;
+            if c.concurrency > 256 {
+                return Err(param("concurrency", "at most 256 chunks in flight"));
+            }
+        }
+        if let Some(v) = p.text("gzip").map_err(kit)? {
+            c.gzip = boolean("gzip", &v)?;
+        }
+        if let Some(v) = p.text("newline").map_err(kit)? {
+            c.newline = match v.as_str() {
+                "reject" => Newline::Reject,
+                "escape" => Newline::Escape,
+                _ => return Err(param("newline", format!("{v:?} is not reject or escape"))),
+            }
+        }
+        if let Some(v) = p.text("retries").map_err(kit)? {
+            c.retries = v
+                .parse()
+                .map_err(|_| param("retries", format!("{v:?} is not a count")))?;
+        }
+        if let Some(v) = p.text("retry_after_max").map_err(kit)? {
+            c.retry_after_max = duration("retry_after_max", &v)?;
+        }
+        if let Some(v) = p.text("content_type").map_err(kit)? {
+            if v.is_empty() || !v.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+                return Err(param("content_type", "must be printable ASCII"));
+            }
+            c.content_type = v;
+        }
+        c.bearer_env = p.non_empty("bearer_env").map_err(kit)?;
+        c.bearer_file = p.non_empty("bearer_file").map_err(kit)?.map(PathBuf::from);
+        if c.bearer_env.is_some() && c.bearer_file.is_some() {
+            return Err(param(
+                "bearer_file",
+                "give the token one way only, not bearer_file and bearer_env",
+            ));
+        }
+        c.ca_file = p.non_empty("ca_file").map_err(kit)?.map(PathBuf::from);
+        c.cert_file = p.non_empty("cert_file").map_err(kit)?.map(PathBuf::from);
+        c.key_file = p.non_empty("key_file").map_err(kit)?.map(PathBuf::from);
+        if let Some(v) = p.choice("verify", &["full", "ca", "none"]).map_err(kit)? {
+            c.verify = [Verify::Full, Verify::Ca, Verify::None][v];
+        }
+        c.tls()
+            .check("http", "cert_file", "key_file")
+            .map_err(kit)?;
+        let password_elsewhere = p.contains("password_file") || p.contains("password_env");
+        let (user, inline) = match url_basic {
+            Some((u, pw)) => (Some(u), pw),
+            None => (None, None),
+        };
+        if password_elsewhere && user.is_none() {
+            return Err(param(
+                "password_file",
+                "a password needs its user name: https://USER@HOST/…?password_file=PATH",
+            ));
+        }
+        let password =
+            secret::resolve(&mut p, inline, "password_file", "password_env").map_err(kit)?;
+        c.basic = user.map(|u| (u, password.map(|s| s.expose().to_string())));
+        p.finish_known(KNOWN).map_err(kit)?;
         Ok(c)
+    }
+
+    /// The TLS settings for `https`: [`Config::ca_file`], the client certificate and
+    /// [`Config::verify`], in the kit's form.
+    pub fn tls(&self) -> TlsOptions {
+        TlsOptions {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            verify: self.verify,
+        }
     }
 
     /// The chunking settings, as sent in the `Walsink-Chunk` header so a receiver can see
@@ -255,7 +337,11 @@ impl fmt::Debug for Config {
             .field("retries", &self.retries)
             .field("retry_after_max", &self.retry_after_max)
             .field("content_type", &self.content_type)
+            .field("bearer_file", &self.bearer_file)
             .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("verify", &self.verify)
             .finish()
     }
 }
@@ -366,6 +452,58 @@ mod tests {
             (d.concurrency, d.gzip, d.newline),
             (1, false, Newline::Reject)
         );
+    }
+
+    /// `+` in a parameter is a plus sign (query strings are not HTML forms): form decoding
+    /// sent `application/vnd.api json` and looked for a CA file that does not exist.
+    #[test]
+    fn a_plus_in_a_parameter_stays_a_plus() {
+        let c = Config::from_url(
+            "https://h/?content_type=application/vnd.api+json&ca_file=/etc/a+b.pem",
+        )
+        .unwrap();
+        assert_eq!(c.content_type, "application/vnd.api+json");
+        assert_eq!(c.ca_file, Some(PathBuf::from("/etc/a+b.pem")));
+    }
+
+    #[test]
+    fn tls_and_secret_parameters_parse() {
+        let c = Config::from_url(
+            "https://h/?ca_file=/ca.pem&cert_file=/c.pem&key_file=/k.pem&verify=ca&bearer_file=/tok",
+        )
+        .unwrap();
+        let t = c.tls();
+        assert_eq!(t.ca_file, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(t.cert_file, Some(PathBuf::from("/c.pem")));
+        assert_eq!(t.key_file, Some(PathBuf::from("/k.pem")));
+        assert_eq!(t.verify, Verify::Ca);
+        assert_eq!(c.bearer_file, Some(PathBuf::from("/tok")));
+        assert_eq!(Config::from_url("https://h/").unwrap().verify, Verify::Full);
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "p+w\n").unwrap();
+        let c =
+            Config::from_url(&format!("https://alice@h/?password_file={}", pw.display())).unwrap();
+        assert_eq!(c.basic, Some(("alice".into(), Some("p+w".into()))));
+        assert!(!format!("{c:?}{c}").contains("p+w"));
+        for (url, name) in [
+            ("https://h/?cert_file=/c.pem", "key_file"),
+            ("https://h/?key_file=/k.pem", "cert_file"),
+            ("https://h/?verify=maybe", "verify"),
+            ("https://h/?bearer_env=T&bearer_file=/t", "bearer_file"),
+            ("https://h/?password_env=T", "password_file"),
+            ("https://a:b@h/?password_env=T", "password_file"),
+            (
+                "https://a@h/?password_file=/nonexistent/pw",
+                "password_file",
+            ),
+            ("https://h/?ca_file=", "ca_file"),
+        ] {
+            match Config::from_url(url) {
+                Err(ConfigError::Parameter { name: n, .. }) => assert_eq!(n, name, "{url}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -124,6 +124,24 @@ pub struct Tls {
     pub key: Vec<u8>,
 }
 
+impl Tls {
+    /// Reads a certificate chain and its PKCS#8 key from PEM files (as the kit's testkit
+    /// writes them).
+    pub fn from_pem_files(cert: &std::path::Path, key: &std::path::Path) -> std::io::Result<Tls> {
+        use rustls::pki_types::pem::PemObject;
+        let bad = |e: rustls::pki_types::pem::Error| std::io::Error::other(e.to_string());
+        let certs = rustls::pki_types::CertificateDer::pem_file_iter(cert)
+            .map_err(bad)?
+            .map(|c| c.map(|c| c.to_vec()).map_err(bad))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let key = rustls::pki_types::PrivatePkcs8KeyDer::from_pem_file(key)
+            .map_err(bad)?
+            .secret_pkcs8_der()
+            .to_vec();
+        Ok(Tls { certs, key })
+    }
+}
+
 impl Receiver {
     /// Starts a plain HTTP receiver on `127.0.0.1` (a free port) on the current runtime.
     ///
@@ -138,6 +156,27 @@ impl Receiver {
     /// # Cancel safety
     /// If dropped, the listener is closed and nothing is left running.
     pub async fn start_with(mode: Mode, tls: Option<Tls>) -> std::io::Result<Receiver> {
+        Self::start_inner(mode, tls, None).await
+    }
+
+    /// Starts a receiver over TLS that demands a client certificate signed by one of
+    /// `client_cas` (DER) and ends the handshake of a client without one.
+    ///
+    /// # Cancel safety
+    /// If dropped, the listener is closed and nothing is left running.
+    pub async fn start_verifying_clients(
+        mode: Mode,
+        tls: Tls,
+        client_cas: Vec<Vec<u8>>,
+    ) -> std::io::Result<Receiver> {
+        Self::start_inner(mode, Some(tls), Some(client_cas)).await
+    }
+
+    async fn start_inner(
+        mode: Mode,
+        tls: Option<Tls>,
+        client_cas: Option<Vec<Vec<u8>>>,
+    ) -> std::io::Result<Receiver> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let acceptor = match tls {
@@ -146,9 +185,27 @@ impl Receiver {
                 let provider = Arc::new(rustls::crypto::ring::default_provider());
                 let certs = t.certs.into_iter().map(Into::into).collect();
                 let key = rustls::pki_types::PrivatePkcs8KeyDer::from(t.key).into();
-                let cfg = rustls::ServerConfig::builder_with_provider(provider)
+                let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
                     .with_safe_default_protocol_versions()
-                    .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+                    .map_err(std::io::Error::other)?;
+                let builder = match client_cas {
+                    None => builder.with_no_client_auth(),
+                    Some(cas) => {
+                        let mut roots = rustls::RootCertStore::empty();
+                        for c in cas {
+                            roots.add(c.into()).map_err(std::io::Error::other)?;
+                        }
+                        let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                            Arc::new(roots),
+                            provider,
+                        )
+                        .build()
+                        .map_err(std::io::Error::other)?;
+                        builder.with_client_cert_verifier(v)
+                    }
+                };
+                let cfg = builder
+                    .with_single_cert(certs, key)
                     .map_err(std::io::Error::other)?;
                 Some(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
             }

@@ -5,13 +5,34 @@ use async_nats::jetstream::context::{
 };
 use async_nats::{ConnectError, ConnectErrorKind};
 use walsink::SinkError;
+use walsink_kit::tls::TlsFailure;
 
 /// JetStream API error code of a stream that does not exist.
 const STREAM_NOT_FOUND: u64 = 10059;
 
 /// Connecting: bad credentials and a malformed address are permanent; timeouts, refused
 /// connections and other I/O errors are retryable.
+///
+/// A failed TLS handshake is named by its reason ([`walsink_kit::tls::TlsFailure`]: an
+/// unknown CA, an expired certificate, a host name the certificate does not carry, a
+/// refused client certificate, a server that does not speak TLS) and is permanent when the
+/// certificates or the server's TLS setting are at fault (a retry meets the same), retryable
+/// otherwise.
 pub fn classify_connect(e: &ConnectError, what: &str) -> SinkError {
+    if let Some(f) = walsink_kit::tls::failure(e) {
+        // A server without TLS reads the client's handshake as an unknown protocol
+        // operation and answers in plain text, which rustls reports as a corrupt record.
+        if matches!(&f, TlsFailure::Other(t) if t.contains("InvalidContentType")) {
+            return SinkError::permanent(format!(
+                "{what}: TLS: the server does not answer in TLS on this port (is TLS on for it? a server without TLS takes nats://… without TLS settings) ({e})"
+            ));
+        }
+        let msg = format!("{what}: TLS: {f} ({e})");
+        return match f {
+            TlsFailure::Other(_) => SinkError::retryable(msg),
+            _ => SinkError::permanent(msg),
+        };
+    }
     match e.kind() {
         ConnectErrorKind::Authentication | ConnectErrorKind::AuthorizationViolation => {
             SinkError::permanent(format!(

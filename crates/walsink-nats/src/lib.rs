@@ -18,6 +18,8 @@
 mod config;
 mod error;
 mod sink;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use config::{Config, ConfigError};
 pub use error::{classify_connect, classify_publish, classify_stream};

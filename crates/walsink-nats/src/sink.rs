@@ -104,8 +104,16 @@ impl NatsSink {
 
     fn shown(&self, what: &str) -> String {
         format!(
-            "nats {}:{} stream {:?} subject {:?}: {what}",
-            self.config.host, self.config.port, self.config.stream, self.config.subject
+            "{} {}:{} stream {:?} subject {:?}: {what}",
+            if self.config.tls.is_some() {
+                "nats over TLS"
+            } else {
+                "nats"
+            },
+            self.config.host,
+            self.config.port,
+            self.config.stream,
+            self.config.subject
         )
     }
 
@@ -127,11 +135,20 @@ impl NatsSink {
             .connection_timeout(c.timeout)
             .request_timeout(Some(c.timeout));
         if let (Some(u), Some(p)) = (&c.user, &c.password) {
-            opts = opts.user_and_password(u.clone(), p.clone());
+            opts = opts.user_and_password(u.clone(), p.expose().to_string());
         }
         if let Some(t) = &c.token {
-            opts = opts.token(t.clone());
+            opts = opts.token(t.expose().to_string());
         }
+        // Always our rustls configuration: without TLS settings it is verify-full against
+        // the Mozilla roots, used if the server demands TLS anyway.
+        let tls = c.tls.clone().unwrap_or_default();
+        let tls_config = tls
+            .client_config("nats")
+            .map_err(|e| SinkError::permanent(self.shown(&format!("TLS settings: {e}"))))?;
+        opts = opts
+            .tls_client_config(tls_config)
+            .require_tls(c.tls.is_some());
         let client = opts
             .connect(format!("{}:{}", c.host, c.port))
             .await

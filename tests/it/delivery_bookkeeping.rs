@@ -11,9 +11,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use walsink::storage::FsStorage;
-use walsink::{
-    DirSink, Epoch, ErrorKind, MemoryCommitStore, MemorySink, Sink, SinkError, WalSink,
-};
+use walsink::{DirSink, Epoch, ErrorKind, MemoryCommitStore, MemorySink, Sink, SinkError, WalSink};
 
 /// A sink that fails once on a chosen checkpoint and records every delivered epoch.
 #[derive(Clone)]

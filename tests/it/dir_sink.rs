@@ -7,9 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::Arc;
 use walsink::storage::{CrashOptions, FaultOp, SimStorage};
-use walsink::{
-    DirSink, WalSink,
-};
+use walsink::{DirSink, WalSink};
 
 fn epoch_of_name(name: &str) -> u64 {
     name[..20]

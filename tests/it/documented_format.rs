@@ -7,9 +7,7 @@
 use crate::support::durable_logs::*;
 use std::path::Path;
 use walsink::storage::FsStorage;
-use walsink::{
-    ErrorKind, MemorySink, Mode, Options, RecoveryMode, WalSink,
-};
+use walsink::{ErrorKind, MemorySink, Mode, Options, RecoveryMode, WalSink};
 
 fn crc(parts: &[&[u8]]) -> u32 {
     let mut h = crc32fast::Hasher::new();

@@ -14,9 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use walsink::storage::{FsStorage, Storage, StorageFile};
-use walsink::{
-    DirSink, ErrorKind, MemorySink, Options, WalSink,
-};
+use walsink::{DirSink, ErrorKind, MemorySink, Options, WalSink};
 
 /// Per (run, writer): the delivered indices must be 0..n, each once, in order, with
 /// `acked <= n <= acked + slack`.

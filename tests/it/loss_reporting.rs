@@ -13,10 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use walsink::storage::FsStorage;
-use walsink::{
-    ErrorKind, Options,
-    RecoveryMode, RecoveryReport, WalSink,
-};
+use walsink::{ErrorKind, Options, RecoveryMode, RecoveryReport, WalSink};
 
 fn segs(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = fs::read_dir(dir)

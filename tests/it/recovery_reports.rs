@@ -6,9 +6,7 @@ use crate::support::frames::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use walsink::storage::{CrashOptions, SimStorage, Storage};
-use walsink::{
-    MemorySink, RecoveryMode, WalSink,
-};
+use walsink::{MemorySink, RecoveryMode, WalSink};
 
 /// Ids of every barrier frame (reservations included) that still verifies anywhere in the
 /// segments of `sim`, found by testing every 8-byte-aligned offset with the documented

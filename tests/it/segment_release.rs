@@ -8,9 +8,7 @@ use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use walsink::{
-    MemorySink, Mode, WalSink,
-};
+use walsink::{MemorySink, Mode, WalSink};
 
 /// Opens files of its own while a log frees segments (deliver_ready on this thread, no
 /// other thread of the test): every one of those files must stay open until it is dropped.

@@ -8,10 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::sync::Arc;
 use walsink::storage::{FsStorage, SimStorage, Storage};
-use walsink::{
-    CorruptionReason, DumpState, MemorySink, Options,
-    ProblemKind, WalSink,
-};
+use walsink::{CorruptionReason, DumpState, MemorySink, Options, ProblemKind, WalSink};
 
 struct BuiltLog {
     snap: BTreeMap<String, Vec<u8>>,

@@ -6,9 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 use walsink::storage::FsStorage;
-use walsink::{
-    Options, RecoveryReport, RetryPolicy,
-};
+use walsink::{Options, RecoveryReport, RetryPolicy};
 
 pub fn opts() -> Options {
     Options::new("probe")

@@ -9,9 +9,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use walsink::{
-    Epoch, Mode, Options, Sink, SinkError, WalSink,
-};
+use walsink::{Epoch, Mode, Options, Sink, SinkError, WalSink};
 
 pub struct Rng(pub u64);
 

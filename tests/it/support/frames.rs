@@ -8,9 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 use walsink::storage::SimStorage;
-use walsink::{
-    ErrorKind, Options, RetryPolicy, WalSink,
-};
+use walsink::{ErrorKind, Options, RetryPolicy, WalSink};
 
 pub fn pad8(n: usize) -> usize {
     (n + 7) & !7

@@ -4,26 +4,11 @@
 //! undeliverable.
 
 use crate::support::*;
-use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::future::Future;
-use std::io;
 use std::panic::AssertUnwindSafe;
-use std::path::Path;
-use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use walsink::storage::{CrashOptions, SimStorage, Storage, StorageFile};
-use walsink::{
-    CommitStore, Epoch, EpochKey, ErrorKind, FullPolicy, MemorySink, Mode, Options, RecoveryReport,
-    RetryPolicy, SinkError, SinkErrorClass, WalSink,
-};
-use walsink_tokio::{
-    AsyncChunks, AsyncSink, AsyncWal, BlockingSink, Codec, DecodeError, Json, Postcard, TypedWal,
-};
+use walsink::{ErrorKind, MemorySink, WalSink};
+use walsink_tokio::{AsyncWal, BlockingSink};
 
 #[test]
 fn blocking_sink_drives_an_async_marker_sink_from_the_committer_thread() {

@@ -6,25 +6,14 @@
 
 use crate::support::*;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
-use std::io;
-use std::panic::AssertUnwindSafe;
-use std::path::Path;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use walsink::storage::{CrashOptions, SimStorage, Storage, StorageFile};
-use walsink::{
-    CommitStore, Epoch, EpochKey, ErrorKind, FullPolicy, MemorySink, Mode, Options, RecoveryReport,
-    RetryPolicy, SinkError, SinkErrorClass, WalSink,
-};
-use walsink_tokio::{
-    AsyncChunks, AsyncSink, AsyncWal, BlockingSink, Codec, DecodeError, Json, Postcard, TypedWal,
-};
+use walsink::storage::{CrashOptions, SimStorage};
+use walsink::{Epoch, ErrorKind, MemorySink, Mode, SinkError, WalSink};
+use walsink_tokio::{AsyncChunks, AsyncSink, AsyncWal};
 
 /// Polls `f` up to `n` times with a waker that does nothing; `Some` if it completed.
 fn poll_n<F: Future>(mut f: Pin<&mut F>, n: usize) -> Option<F::Output> {

@@ -7,25 +7,13 @@
 
 use crate::support::*;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::future::Future;
+use std::collections::HashSet;
 use std::io;
-use std::panic::AssertUnwindSafe;
-use std::path::Path;
-use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use walsink::storage::{CrashOptions, SimStorage, Storage, StorageFile};
-use walsink::{
-    CommitStore, Epoch, EpochKey, ErrorKind, FullPolicy, MemorySink, Mode, Options, RecoveryReport,
-    RetryPolicy, SinkError, SinkErrorClass, WalSink,
-};
-use walsink_tokio::{
-    AsyncChunks, AsyncSink, AsyncWal, BlockingSink, Codec, DecodeError, Json, Postcard, TypedWal,
-};
+use walsink::storage::{CrashOptions, SimStorage};
+use walsink::{ErrorKind, MemorySink, Mode, WalSink};
+use walsink_tokio::AsyncWal;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_durable_appends_from_many_tasks_survive_a_power_loss_in_the_middle() {

@@ -5,26 +5,12 @@
 //! `wait_committed` is woken by a committer on the same runtime or on a thread.
 
 use crate::support::*;
-use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::future::Future;
-use std::io;
 use std::panic::AssertUnwindSafe;
-use std::path::Path;
-use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use walsink::storage::{CrashOptions, SimStorage, Storage, StorageFile};
-use walsink::{
-    CommitStore, Epoch, EpochKey, ErrorKind, FullPolicy, MemorySink, Mode, Options, RecoveryReport,
-    RetryPolicy, SinkError, SinkErrorClass, WalSink,
-};
-use walsink_tokio::{
-    AsyncChunks, AsyncSink, AsyncWal, BlockingSink, Codec, DecodeError, Json, Postcard, TypedWal,
-};
+use walsink::{FullPolicy, MemorySink, Mode};
+use walsink_tokio::AsyncWal;
 
 /// Runs `f` on a fresh current-thread runtime on a thread of its own and fails (instead of
 /// hanging) if it makes no progress: a blocked worker on a current-thread runtime stops

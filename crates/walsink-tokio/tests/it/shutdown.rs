@@ -6,25 +6,12 @@
 
 use crate::support::*;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::future::Future;
-use std::io;
-use std::panic::AssertUnwindSafe;
-use std::path::Path;
-use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use walsink::storage::{CrashOptions, SimStorage, Storage, StorageFile};
-use walsink::{
-    CommitStore, Epoch, EpochKey, ErrorKind, FullPolicy, MemorySink, Mode, Options, RecoveryReport,
-    RetryPolicy, SinkError, SinkErrorClass, WalSink,
-};
-use walsink_tokio::{
-    AsyncChunks, AsyncSink, AsyncWal, BlockingSink, Codec, DecodeError, Json, Postcard, TypedWal,
-};
+use walsink::storage::CrashOptions;
+use walsink::{MemorySink, Mode, Options, RetryPolicy, WalSink};
+use walsink_tokio::AsyncWal;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_with_a_hung_sink_returns_unclean_names_what_is_pending_and_the_log_reopens() {

@@ -6,26 +6,10 @@
 //! durable mode refuses the checkpoint calls with typed errors.
 
 use crate::support::*;
-use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::future::Future;
-use std::io;
-use std::panic::AssertUnwindSafe;
-use std::path::Path;
-use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-use walsink::storage::{CrashOptions, SimStorage, Storage, StorageFile};
-use walsink::{
-    CommitStore, Epoch, EpochKey, ErrorKind, FullPolicy, MemorySink, Mode, Options, RecoveryReport,
-    RetryPolicy, SinkError, SinkErrorClass, WalSink,
-};
-use walsink_tokio::{
-    AsyncChunks, AsyncSink, AsyncWal, BlockingSink, Codec, DecodeError, Json, Postcard, TypedWal,
-};
+use walsink::{ErrorKind, FullPolicy, MemorySink, Mode, WalSink};
+use walsink_tokio::{AsyncWal, Json, Postcard, TypedWal};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_epoch_streams_through_async_chunks_whole_and_in_order_even_after_a_dropped_read() {

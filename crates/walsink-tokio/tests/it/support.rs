@@ -12,19 +12,15 @@ use std::future::Future;
 use std::io;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;
-use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use walsink::storage::{CrashOptions, SimStorage, Storage, StorageFile};
+use walsink::storage::{SimStorage, Storage, StorageFile};
 use walsink::{
-    CommitStore, Epoch, EpochKey, ErrorKind, FullPolicy, MemorySink, Mode, Options, RecoveryReport,
-    RetryPolicy, SinkError, SinkErrorClass, WalSink,
+    Epoch, EpochKey, ErrorKind, MemorySink, Options, RecoveryReport, RetryPolicy, SinkError,
+    WalSink,
 };
-use walsink_tokio::{
-    AsyncChunks, AsyncSink, AsyncWal, BlockingSink, Codec, DecodeError, Json, Postcard, TypedWal,
-};
+use walsink_tokio::{AsyncChunks, AsyncSink, AsyncWal, Codec, DecodeError};
 
 /// Hang guard for awaited operations (never a pass/fail criterion by itself).
 pub const GUARD: Duration = Duration::from_secs(120);
@@ -528,7 +524,7 @@ pub type Outcomes<T> = Arc<Mutex<Vec<std::thread::Result<Result<T, DecodeError>>
 impl<T: serde::de::DeserializeOwned + Send + 'static, C: Codec + Clone> AsyncSink
     for Decoding<T, C>
 {
-    pub async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+    async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
         let mut chunks = AsyncChunks::new(epoch);
         while let Some(c) = chunks.next().await {
             for r in c

@@ -3,6 +3,7 @@
 //! the window between the mark and freeing the segments. Each is followed by a power loss and
 //! a reopen on the simulated disk.
 
+#[path = "it/support/logs.rs"]
 mod common;
 use common::*;
 use std::sync::Arc;

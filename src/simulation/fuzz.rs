@@ -1,5 +1,5 @@
 //! The fuzz targets' logic, callable from cargo-fuzz (`fuzz/`) and from ordinary tests
-//! (`tests/fuzz_targets.rs`): decoding hostile bytes, recovering damaged directories, and
+//! (`tests/it/fuzz_targets.rs`): decoding hostile bytes, recovering damaged directories, and
 //! operation sequences checked against the model.
 
 use super::{run_ops, Op, SimFailure};

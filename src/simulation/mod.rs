@@ -1,5 +1,5 @@
-//! Seeded crash simulation against a reference model, used by `tests/crash_consistency.rs`,
-//! `tests/model.rs` and the fuzz targets. Public so that any harness can replay a seed.
+//! Seeded crash simulation against a reference model, used by `tests/it/crash_consistency.rs`,
+//! `tests/it/model.rs` and the fuzz targets. Public so that any harness can replay a seed.
 //!
 //! A run drives a log on a [`SimStorage`](crate::storage::SimStorage) with a random workload
 //! and checks it against a model of what the contract promises. The workload has:

@@ -136,7 +136,7 @@ impl std::fmt::Display for SimFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "seed {} failed at step {}: {}\nreplay: WALSINK_SIM_SEED={} cargo test --test crash_consistency replay_one_seed -- --nocapture",
+            "seed {} failed at step {}: {}\nreplay: WALSINK_SIM_SEED={} cargo test --features simulation --test it crash_consistency::replay_one_seed -- --nocapture",
             self.seed, self.step, self.message, self.seed
         )
     }

@@ -6,6 +6,7 @@ use crate::error::{code_of, sink_error};
 use crate::failpoint;
 use crate::mapping::{self, RawRows, RowMapping};
 use crate::marker::Marker;
+use crate::table::TableName;
 use crate::xa::{self, Xid};
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
@@ -148,34 +149,13 @@ impl MySqlSink {
                     .map_err(|e| sink_error(&format!("create the table {}", table.plain()), e))?;
             }
         }
-        let engine: Option<Option<String>> = conn
-            .exec_first(
-                "SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
-                (marker.name().database(), marker.name().name()),
-            )
-            .await
-            .map_err(|e| sink_error("look up the marker table's engine", e))?;
-        match engine.flatten() {
-            Some(e) if e.eq_ignore_ascii_case("InnoDB") => {}
-            Some(e) => {
-                return Err(SinkError::permanent(format!(
-                    "the marker table {} uses the {e} engine: it must be InnoDB, so that the marker commits with the rows (ALTER TABLE {} ENGINE=InnoDB)",
-                    marker.name().plain(),
-                    marker.name()
-                )))
-            }
-            None => {
-                return Err(SinkError::permanent(format!(
-                    "the marker table {} does not exist: create it (see docs/targets/mysql.md) or leave create=true",
-                    marker.name().plain()
-                )))
-            }
-        }
+        check_engine(&mut conn, marker.name(), "marker table").await?;
         let names = self.mapping.columns();
         let list = mapping::column_list(&names);
         conn.query_drop(format!("SELECT {list} FROM {table} LIMIT 0"))
             .await
             .map_err(|e| sink_error(&format!("read the columns of {}", table.plain()), e))?;
+        check_engine(&mut conn, &table, "table").await?;
         let packet: Option<u64> = conn
             .query_first("SELECT @@max_allowed_packet")
             .await
@@ -498,6 +478,31 @@ impl MySqlSink {
                 key.checkpoint
             ))
         }))
+    }
+}
+
+/// Checks that `table` is transactional (InnoDB, or MyRocks's ROCKSDB): in a table of another
+/// engine (MyISAM, Aria, MEMORY) the rows of a transaction that rolls back stay, so a retry
+/// would write them twice.
+async fn check_engine(conn: &mut Conn, table: &TableName, what: &str) -> Result<(), SinkError> {
+    let engine: Option<Option<String>> = conn
+        .exec_first(
+            "SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
+            (table.database(), table.name()),
+        )
+        .await
+        .map_err(|e| sink_error(&format!("look up the engine of the {what} {}", table.plain()), e))?;
+    match engine.flatten() {
+        Some(e) if e.eq_ignore_ascii_case("InnoDB") || e.eq_ignore_ascii_case("ROCKSDB") => Ok(()),
+        Some(e) => Err(SinkError::permanent(format!(
+            "the {what} {} uses the {e} engine, which does not roll back: it must be InnoDB, so that the marker and the rows commit together (ALTER TABLE {} ENGINE=InnoDB)",
+            table.plain(),
+            table
+        ))),
+        None => Err(SinkError::permanent(format!(
+            "the {what} {} is not a base table (a view?) or does not exist: walsink writes into an InnoDB table (see docs/targets/mysql.md)",
+            table.plain()
+        ))),
     }
 }
 

@@ -455,3 +455,27 @@ async fn a_wrong_password_is_permanent_and_never_shown() {
         assert!(!shown.contains("wr0ng-pw"), "{shown}");
     }
 }
+
+/// A target table that cannot roll back (MyISAM): refused at connect with a permanent error
+/// naming the engine, before any row is written (a retry would write its rows twice).
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local MariaDB"
+)]
+async fn a_table_that_cannot_roll_back_is_refused() {
+    let my = My::new(SHARED, "");
+    let mut admin = client(SHARED).await;
+    admin
+        .query_drop(format!(
+            "CREATE TABLE {} (sink_id varchar(255), subtask int unsigned, checkpoint bigint unsigned, idx bigint unsigned, payload longblob) ENGINE=MyISAM",
+            my.table
+        ))
+        .await
+        .unwrap();
+    let mut sink = MySqlSink::new(my.config());
+    let e = sink.connect().await.unwrap_err();
+    assert_eq!(e.class(), SinkErrorClass::Permanent, "{e}");
+    assert!(e.to_string().contains("MyISAM"), "{e}");
+    assert!(e.to_string().contains(&my.table), "{e}");
+}

@@ -1,7 +1,7 @@
 //! `walsink pipe --sink mysql://…` against the shared MariaDB: SIGKILL loops in marker mode and
 //! XA mode, with kills forced at the dangerous points by failpoints (feature `failpoints`), at
-//! random moments, and server faults (`KILL CONNECTION` of walsink's own connection, found by
-//! its INSERT into this run's table, mid-transaction), ending with every input line exactly
+//! random moments, and server faults (`KILL CONNECTION` of walsink's own connections, found by
+//! the user made for the run, mid-transaction or between epochs), ending with every input line exactly
 //! once in the table and no XA transaction of the run left prepared; a table of the wrong
 //! shape and `inspect --sink`.
 
@@ -91,19 +91,21 @@ struct Kills {
     connections_killed: u32,
 }
 
-/// Kills, on the server, the connections whose statement is an INSERT into `table` (only
-/// walsink writes to this run's table, so only walsink's own connections), for as long as
-/// `on` is set; counts them in `killed`.
+/// Kills, on the server, the connections of `user` (a user made for this run, so only
+/// walsink's own connections) every 100 to 400 ms for as long as `on` is set, whatever they
+/// are doing (inside an epoch's transaction, between its statements, idle between epochs);
+/// counts them in `killed`.
 fn connection_killer(
-    table: String,
+    user: String,
     on: Arc<AtomicBool>,
     killed: Arc<AtomicU32>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut rng = fastrand::Rng::with_seed(7);
         while on.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(rng.u64(100..=400)));
             let ids = sql(&format!(
-                "SELECT ID FROM information_schema.PROCESSLIST WHERE INFO LIKE 'INSERT INTO `{table}`%'"
+                "SELECT ID FROM information_schema.PROCESSLIST WHERE USER = '{user}'"
             ));
             for id in ids.lines().filter(|l| !l.is_empty()) {
                 // The connection may be gone by now (1094, unknown thread): fine.
@@ -116,7 +118,6 @@ fn connection_killer(
                     killed.fetch_add(1, Ordering::SeqCst);
                 }
             }
-            std::thread::sleep(Duration::from_millis(rng.u64(5..=40)));
         }
     })
 }
@@ -124,7 +125,7 @@ fn connection_killer(
 /// Rounds of: one run per failpoint, armed at a random delivery (1 to 3) of that run, which
 /// aborts the process there; then one run with its connections killed by the server now and
 /// then, SIGKILLed after a random delay.
-fn kill_loop(a: &[String], table: &str, failpoints: &[&str], rounds: u32, seed: u64) -> Kills {
+fn kill_loop(a: &[String], user: &str, failpoints: &[&str], rounds: u32, seed: u64) -> Kills {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut k = Kills::default();
     let killed = Arc::new(AtomicU32::new(0));
@@ -146,7 +147,7 @@ fn kill_loop(a: &[String], table: &str, failpoints: &[&str], rounds: u32, seed: 
             }
         }
         let on = Arc::new(AtomicBool::new(true));
-        let killer = connection_killer(table.to_string(), on.clone(), killed.clone());
+        let killer = connection_killer(user.to_string(), on.clone(), killed.clone());
         let mut child = Command::new(env!("CARGO_BIN_EXE_walsink"))
             .args(a)
             .stdin(Stdio::null())
@@ -184,14 +185,19 @@ fn kill_loop_into(mode: &str, failpoints: &[&str], seed: u64) {
     write_lines(&inp, &want);
     let table = unique("kill");
     let sink_id = unique("k").replace('_', "-");
-    let sink = format!("{SHARED}?table={table}{mode}");
+    // A user of this run's own, so the server-side kills hit walsink's connections only.
+    let user = unique("wk");
+    sql(&format!(
+        "CREATE USER '{user}'@'%'; GRANT ALL ON test.* TO '{user}'@'%'"
+    ));
+    let sink = format!("mysql://{user}@127.0.0.1:3306/test?table={table}{mode}");
     let a = args(
         &inp,
         &wal,
         &sink,
         &["--checkpoint-every", "100", "--sink-id", &sink_id],
     );
-    let k = kill_loop(&a, &table, failpoints, 6, seed);
+    let k = kill_loop(&a, &user, failpoints, 6, seed);
     let o = run(&a, None);
     assert!(o.status.success(), "{}", stderr(&o));
     let got = table_lines(&table, &sink_id);
@@ -224,6 +230,7 @@ fn kill_loop_into(mode: &str, failpoints: &[&str], seed: u64) {
     let prefix = walsink_mysql::xa::gtrid_prefix(&sink_id, 0);
     let left = walsink_xa_left(Some(&prefix));
     assert!(left.is_empty(), "no XA transaction left: {left:?}");
+    sql(&format!("DROP USER '{user}'@'%'"));
 }
 
 #[test]

@@ -190,6 +190,7 @@ fn kill_loop_into(mode: &str, failpoints: &[&str], seed: u64) {
     sql(&format!(
         "CREATE USER '{user}'@'%'; GRANT ALL ON test.* TO '{user}'@'%'"
     ));
+    let _drop_user = DropUser(user.clone());
     let sink = format!("mysql://{user}@127.0.0.1:3306/test?table={table}{mode}");
     let a = args(
         &inp,
@@ -230,7 +231,18 @@ fn kill_loop_into(mode: &str, failpoints: &[&str], seed: u64) {
     let prefix = walsink_mysql::xa::gtrid_prefix(&sink_id, 0);
     let left = walsink_xa_left(Some(&prefix));
     assert!(left.is_empty(), "no XA transaction left: {left:?}");
-    sql(&format!("DROP USER '{user}'@'%'"));
+}
+
+/// Drops the run's user when the test ends, also when it fails.
+struct DropUser(String);
+
+impl Drop for DropUser {
+    fn drop(&mut self) {
+        let _ = Command::new("mariadb")
+            .args(["--no-defaults", "-h127.0.0.1", "-P3306", "-uroot", "-e"])
+            .arg(format!("DROP USER IF EXISTS '{}'@'%'", self.0))
+            .output();
+    }
 }
 
 #[test]

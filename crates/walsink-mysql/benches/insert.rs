@@ -168,7 +168,7 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("mysql_bulk");
     g.throughput(Throughput::Elements(n as u64))
         .sample_size(10)
-        .measurement_time(Duration::from_secs(20))
+        .measurement_time(Duration::from_secs(10))
         .warm_up_time(Duration::from_secs(2));
     let empty = |rt: &tokio::runtime::Runtime, admin: &mut mysql_async::Conn, t: &str| {
         rt.block_on(admin.query_drop(format!("TRUNCATE TABLE `{t}`")))

@@ -18,6 +18,18 @@ pub enum Mode {
     Xa,
 }
 
+/// How the rows of an epoch go in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bulk {
+    /// `LOAD DATA LOCAL INFILE` streamed from memory, in statements of at most `batch_size`
+    /// (`bulk=load_data`, the default; the measured faster way). A server with
+    /// `local_infile=OFF` gets multi-row INSERTs instead.
+    LoadData,
+    /// Multi-row `INSERT` statements of at most `batch_size`, capped by `max_allowed_packet`
+    /// (`bulk=insert`).
+    Insert,
+}
+
 /// The default port.
 pub const DEFAULT_PORT: u16 = 3306;
 
@@ -48,6 +60,7 @@ pub const PARAMETERS: &[&str] = &[
     "idle_in_transaction_timeout",
     "connect_timeout",
     "batch_size",
+    "bulk",
     "password_file",
     "password_env",
 ];
@@ -55,7 +68,7 @@ pub const PARAMETERS: &[&str] = &[
 /// Where and how a [`MySqlSink`](crate::MySqlSink) delivers.
 ///
 /// From a URL ([`Config::from_url`]):
-/// `mysql://USER[:PASSWORD]@HOST[:PORT]/DB?table=NAME[&mode=marker|xa][&marker_table=NAME][&create=true|false][&lock_timeout=5s][&idle_in_transaction_timeout=60s][&connect_timeout=10s][&batch_size=4MiB][&password_file=PATH|&password_env=VAR]`
+/// `mysql://USER[:PASSWORD]@HOST[:PORT]/DB?table=NAME[&mode=marker|xa][&marker_table=NAME][&create=true|false][&lock_timeout=5s][&idle_in_transaction_timeout=60s][&connect_timeout=10s][&batch_size=4MiB][&bulk=load_data|insert][&password_file=PATH|&password_env=VAR]`
 /// (or `mariadb://`); any other parameter is an error naming it. `Display` and `Debug` never
 /// show the password.
 #[derive(Clone)]
@@ -92,9 +105,11 @@ pub struct Config {
     pub idle_in_transaction_timeout: Duration,
     /// How long connecting may take (TCP, handshake, session settings). Default 10 s.
     pub connect_timeout: Duration,
-    /// Bytes of one multi-row INSERT statement, at most; the server's `max_allowed_packet`
-    /// caps it. Default 4 MiB.
+    /// Bytes of rows in one statement (LOAD DATA or multi-row INSERT), at most; the
+    /// server's `max_allowed_packet` caps it. Default 4 MiB.
     pub batch_size: usize,
+    /// How the rows go in. Default [`Bulk::LoadData`].
+    pub bulk: Bulk,
 }
 
 fn seconds(d: Duration) -> u64 {
@@ -124,6 +139,7 @@ impl Config {
             idle_in_transaction_timeout: DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             batch_size: DEFAULT_BATCH_SIZE,
+            bulk: Bulk::LoadData,
         }
     }
 
@@ -229,6 +245,9 @@ impl Config {
             }
             c.batch_size = n as usize;
         }
+        if let Some(i) = p.choice("bulk", &["load_data", "insert"])? {
+            c.bulk = [Bulk::LoadData, Bulk::Insert][i];
+        }
         p.finish_known(PARAMETERS)?;
         c.shown = shown(
             &scheme,
@@ -321,6 +340,7 @@ impl fmt::Debug for Config {
                 &self.idle_in_transaction_timeout,
             )
             .field("batch_size", &self.batch_size)
+            .field("bulk", &self.bulk)
             .finish()
     }
 }
@@ -332,7 +352,7 @@ mod tests {
     #[test]
     fn a_url_parses_with_its_parameters() {
         let c = Config::from_url(
-            "mysql://alice:s3cret@db.local:3307/app?table=events&mode=xa&marker_table=ops.marks&create=false&lock_timeout=2s&idle_in_transaction_timeout=0s&connect_timeout=3s&batch_size=1MiB",
+            "mysql://alice:s3cret@db.local:3307/app?table=events&mode=xa&marker_table=ops.marks&create=false&lock_timeout=2s&idle_in_transaction_timeout=0s&connect_timeout=3s&batch_size=1MiB&bulk=insert",
         )
         .unwrap();
         assert_eq!(c.table.plain(), "events");
@@ -343,12 +363,14 @@ mod tests {
         assert_eq!(c.idle_in_transaction_timeout, Duration::ZERO);
         assert_eq!(c.connect_timeout, Duration::from_secs(3));
         assert_eq!(c.batch_size, 1 << 20);
+        assert_eq!(c.bulk, Bulk::Insert);
         assert_eq!((c.host.as_str(), c.port), ("db.local", 3307));
         assert_eq!((c.user.as_str(), c.database.as_str()), ("alice", "app"));
         assert_eq!(c.password.as_ref().map(|p| p.expose()), Some("s3cret"));
         let m = Config::from_url("mariadb://root@127.0.0.1/test?table=t").unwrap();
         assert_eq!(m.mode, Mode::Marker);
         assert_eq!(m.port, 3306);
+        assert_eq!(m.bulk, Bulk::LoadData);
         assert!(m.password.is_none());
         assert_eq!(m.marker_table.name().plain(), "walsink_markers");
         assert_eq!(m.to_string(), "mariadb://root@127.0.0.1:3306/test?table=t");

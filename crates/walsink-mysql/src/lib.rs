@@ -7,8 +7,10 @@
 //! COMMIT, before walsink's own commit store is updated) an epoch is never written twice
 //! and never lost.
 //!
-//! - **Rows** go in as multi-row `INSERT` statements of at most `batch_size` bytes (4 MiB),
-//!   capped by the server's `max_allowed_packet`, built chunk by chunk from the log
+//! - **Rows** go in by `LOAD DATA LOCAL INFILE` streamed from memory (or, with `bulk=insert`
+//!   or a server with `local_infile=OFF`, multi-row `INSERT`s) in statements of at most
+//!   `batch_size` bytes (4 MiB), capped by the server's `max_allowed_packet`, built chunk by
+//!   chunk from the log
 //!   ([`walsink_tokio::AsyncChunks`]), so an epoch of any size takes bounded memory. A
 //!   [`RowMapping`] turns records into rows; the default, [`RawRows`], fills
 //!   `(sink_id, subtask, checkpoint, idx, payload LONGBLOB)`.
@@ -36,7 +38,7 @@ pub mod table;
 pub mod testkit;
 pub mod xa;
 
-pub use config::{Config, Mode};
+pub use config::{Bulk, Config, Mode};
 pub use error::{classify, classify_code, server_code, sink_error, Class, ConfigError};
 pub use mapping::{MapError, RawRows, RowMapping, RowWriter};
 pub use marker::{Marker, MarkerTable};

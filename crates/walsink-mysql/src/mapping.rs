@@ -1,8 +1,9 @@
 //! Row mappings: how a record becomes a row of the target table.
 //!
 //! A [`RowMapping`] names the table's columns and writes one row per record through a
-//! [`RowWriter`], which writes each value as an SQL literal into the multi-row `INSERT` the
-//! sink sends. The server converts each literal to its column's type under a strict
+//! [`RowWriter`], which writes each value into the `LOAD DATA` stream the sink sends (a
+//! tab-separated line) or, where the server refuses `LOAD DATA LOCAL`, as an SQL literal of a
+//! multi-row `INSERT`. The server converts each literal to its column's type under a strict
 //! `sql_mode`, so a value that does not fit its column is a permanent error naming the
 //! column (1406 data too long, 1366 incorrect value, 1264 out of range) before anything is
 //! committed. [`RawRows`] is the default: the record's bytes and its position.
@@ -45,12 +46,40 @@ pub trait RowMapping: Send + Sync + 'static {
     ) -> Result<(), MapError>;
 }
 
-/// Writes one row as a parenthesised list of SQL literals; see [`RowMapping::write_row`].
+/// How a row is written: as SQL literals for a multi-row INSERT, or as a tab-separated line
+/// for `LOAD DATA` (`FIELDS TERMINATED BY '\t' ESCAPED BY '\\' LINES TERMINATED BY '\n'`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Encoding {
+    Sql,
+    Tsv,
+}
+
+/// Writes one row as a parenthesised list of SQL literals, or a tab-separated line; see
+/// [`RowMapping::write_row`].
 #[derive(Debug)]
 pub struct RowWriter<'a> {
     buf: &'a mut Vec<u8>,
     columns: usize,
     at: usize,
+    encoding: Encoding,
+}
+
+/// Appends `bytes` escaped for a `LOAD DATA` field (`ESCAPED BY '\\'`).
+fn push_tsv_escaped(out: &mut Vec<u8>, bytes: &[u8]) {
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc: &[u8] = match b {
+            0 => b"\\0",
+            b'\\' => b"\\\\",
+            b'\t' => b"\\t",
+            b'\n' => b"\\n",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(esc);
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
 }
 
 impl RowWriter<'_> {
@@ -62,7 +91,10 @@ impl RowWriter<'_> {
             )));
         }
         if self.at > 0 {
-            self.buf.push(b',');
+            self.buf.push(match self.encoding {
+                Encoding::Sql => b',',
+                Encoding::Tsv => b'\t',
+            });
         }
         self.at += 1;
         Ok(())
@@ -72,16 +104,24 @@ impl RowWriter<'_> {
     /// column's character set, a text column).
     pub fn push_bytes(&mut self, v: &[u8]) -> Result<(), MapError> {
         self.next()?;
-        push_binary_literal(self.buf, v);
+        match self.encoding {
+            Encoding::Sql => push_binary_literal(self.buf, v),
+            Encoding::Tsv => push_tsv_escaped(self.buf, v),
+        }
         Ok(())
     }
 
     /// Text for the next column.
     pub fn push_str(&mut self, v: &str) -> Result<(), MapError> {
         self.next()?;
-        self.buf.push(b'\'');
-        push_escaped(self.buf, v.as_bytes());
-        self.buf.push(b'\'');
+        match self.encoding {
+            Encoding::Sql => {
+                self.buf.push(b'\'');
+                push_escaped(self.buf, v.as_bytes());
+                self.buf.push(b'\'');
+            }
+            Encoding::Tsv => push_tsv_escaped(self.buf, v.as_bytes()),
+        }
         Ok(())
     }
 
@@ -115,24 +155,31 @@ impl RowWriter<'_> {
     /// NULL for the next column.
     pub fn push_null(&mut self) -> Result<(), MapError> {
         self.next()?;
-        self.buf.extend_from_slice(b"NULL");
+        self.buf.extend_from_slice(match self.encoding {
+            Encoding::Sql => b"NULL",
+            Encoding::Tsv => b"\\N",
+        });
         Ok(())
     }
 }
 
-/// Appends the row of `record` to `buf` as `(v1,v2,…)`.
+/// Appends the row of `record` to `buf` as `(v1,v2,…)` (SQL) or `v1\tv2…\n` (LOAD DATA).
 pub(crate) fn encode_row(
     mapping: &dyn RowMapping,
     columns: usize,
     key: &EpochKey,
     record: &Record,
     buf: &mut Vec<u8>,
+    encoding: Encoding,
 ) -> Result<(), MapError> {
-    buf.push(b'(');
+    if encoding == Encoding::Sql {
+        buf.push(b'(');
+    }
     let mut w = RowWriter {
         buf,
         columns,
         at: 0,
+        encoding,
     };
     mapping.write_row(key, record, &mut w)?;
     if w.at != columns {
@@ -141,7 +188,10 @@ pub(crate) fn encode_row(
             w.at, columns, record.position.index, key.checkpoint
         )));
     }
-    buf.push(b')');
+    buf.push(match encoding {
+        Encoding::Sql => b')',
+        Encoding::Tsv => b'\n',
+    });
     Ok(())
 }
 
@@ -197,4 +247,16 @@ pub(crate) fn column_list(columns: &[String]) -> String {
         .map(|c| quote_ident(c))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn load_data_fields_escape_what_the_server_reads() {
+        let mut out = Vec::new();
+        push_tsv_escaped(&mut out, b"a\tb\nc\\d\0e'f\r\x1a");
+        assert_eq!(out, b"a\\tb\\nc\\\\d\\0e'f\r\x1a".to_vec());
+    }
 }

@@ -1,10 +1,10 @@
 //! [`MySqlSink`]: the [`AsyncSink`] that delivers epochs into a MySQL or MariaDB table,
 //! exactly-once.
 
-use crate::config::{Config, Mode};
+use crate::config::{Bulk, Config, Mode};
 use crate::error::{code_of, sink_error};
 use crate::failpoint;
-use crate::mapping::{self, RawRows, RowMapping};
+use crate::mapping::{self, Encoding, RawRows, RowMapping};
 use crate::marker::Marker;
 use crate::table::TableName;
 use crate::xa::{self, Xid};
@@ -48,6 +48,10 @@ struct Session {
     statement_limit: usize,
     /// The server's `max_allowed_packet`.
     max_allowed_packet: usize,
+    /// Rows go in by `LOAD DATA LOCAL INFILE` (`bulk=load_data` and the server allows it).
+    load_data: bool,
+    /// `LOAD DATA LOCAL INFILE 'walsink' INTO TABLE table … (columns)`.
+    load_sql: String,
 }
 
 /// Delivers epochs into a MySQL or MariaDB table, exactly-once; see the crate documentation.
@@ -167,6 +171,21 @@ impl MySqlSink {
             .min(max_allowed_packet.saturating_sub(PACKET_MARGIN))
             .max(1024);
         let insert_head = format!("INSERT INTO {table} ({list}) VALUES ").into_bytes();
+        let load_data = self.config.bulk == Bulk::LoadData
+            && {
+                let on: Option<u64> = conn
+                    .query_first("SELECT @@local_infile + 0")
+                    .await
+                    .map_err(|e| sink_error("read local_infile", e))?;
+                if on != Some(1) {
+                    tracing::info!("the server refuses LOAD DATA LOCAL INFILE (local_infile=OFF): rows go in by multi-row INSERT");
+                }
+                on == Some(1)
+            };
+        let load_sql = format!(
+            "LOAD DATA LOCAL INFILE 'walsink' INTO TABLE {table} CHARACTER SET binary \
+             FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n' ({list})"
+        );
         self.id.set(Some(conn.id()));
         self.session = Some(Session {
             conn,
@@ -174,6 +193,8 @@ impl MySqlSink {
             columns: names.len(),
             statement_limit,
             max_allowed_packet,
+            load_data,
+            load_sql,
         });
         Ok(())
     }
@@ -506,8 +527,9 @@ async fn check_engine(conn: &mut Conn, table: &TableName, what: &str) -> Result<
     }
 }
 
-/// Sends the epoch's rows as multi-row INSERTs of at most `statement_limit` bytes each and
-/// returns how many rows the server took.
+/// Sends the epoch's rows, in statements of at most `statement_limit` bytes each: `LOAD DATA
+/// LOCAL INFILE` streams from memory where the session can, multi-row INSERTs otherwise.
+/// Returns how many rows the server took.
 async fn insert_rows(
     s: &mut Session,
     mapping: &dyn RowMapping,
@@ -515,9 +537,19 @@ async fn insert_rows(
     epoch: &Epoch,
     table: &str,
 ) -> Result<u64, SinkError> {
-    let head = s.insert_head.len();
+    let encoding = if s.load_data {
+        Encoding::Tsv
+    } else {
+        Encoding::Sql
+    };
+    let head = match encoding {
+        Encoding::Sql => s.insert_head.len(),
+        Encoding::Tsv => 0,
+    };
     let mut stmt = Vec::with_capacity(s.statement_limit.min(64 << 20) + 64);
-    stmt.extend_from_slice(&s.insert_head);
+    if encoding == Encoding::Sql {
+        stmt.extend_from_slice(&s.insert_head);
+    }
     let mut row = Vec::new();
     let mut in_stmt = 0u64;
     let mut written = 0u64;
@@ -531,15 +563,17 @@ async fn insert_rows(
         })?;
         for r in chunk.records() {
             row.clear();
-            mapping::encode_row(mapping, s.columns, key, &r, &mut row).map_err(|e| {
+            mapping::encode_row(mapping, s.columns, key, &r, &mut row, encoding).map_err(|e| {
                 SinkError::permanent(format!(
                     "map record {} of checkpoint {} to a row of {table}: {e}",
                     r.position.index, key.checkpoint
                 ))
             })?;
-            if head + row.len() + PACKET_MARGIN > s.max_allowed_packet {
+            // A value larger than max_allowed_packet is refused by the server however it
+            // arrives (LOAD DATA would only warn and cut it).
+            if s.insert_head.len() + row.len() + PACKET_MARGIN > s.max_allowed_packet {
                 return Err(SinkError::permanent(format!(
-                    "record {} of checkpoint {} makes a row of {} bytes as SQL, more than the server's max_allowed_packet of {} bytes allows in one statement: raise max_allowed_packet on the server",
+                    "record {} of checkpoint {} makes a row of {} bytes, more than the server's max_allowed_packet of {} bytes allows in one statement or value: raise max_allowed_packet on the server",
                     r.position.index,
                     key.checkpoint,
                     row.len(),
@@ -547,11 +581,10 @@ async fn insert_rows(
                 )));
             }
             if in_stmt > 0 && stmt.len() + 1 + row.len() > s.statement_limit {
-                written += send(s, &stmt, table).await?;
-                stmt.truncate(head);
+                written += send(s, &mut stmt, head, in_stmt, encoding, table).await?;
                 in_stmt = 0;
             }
-            if in_stmt > 0 {
+            if in_stmt > 0 && encoding == Encoding::Sql {
                 stmt.push(b',');
             }
             stmt.extend_from_slice(&row);
@@ -559,17 +592,63 @@ async fn insert_rows(
         }
     }
     if in_stmt > 0 {
-        written += send(s, &stmt, table).await?;
+        written += send(s, &mut stmt, head, in_stmt, encoding, table).await?;
     }
     Ok(written)
 }
 
-async fn send(s: &mut Session, stmt: &[u8], table: &str) -> Result<u64, SinkError> {
-    s.conn
-        .query_drop(stmt)
-        .await
-        .map_err(|e| sink_error(&format!("INSERT into {table}"), e))?;
-    Ok(s.conn.affected_rows())
+/// Sends one statement's rows and empties `stmt` down to `head`.
+async fn send(
+    s: &mut Session,
+    stmt: &mut Vec<u8>,
+    head: usize,
+    rows: u64,
+    encoding: Encoding,
+    table: &str,
+) -> Result<u64, SinkError> {
+    let r = match encoding {
+        Encoding::Sql => s
+            .conn
+            .query_drop(&stmt[..])
+            .await
+            .map_err(|e| sink_error(&format!("INSERT into {table}"), e)),
+        Encoding::Tsv => {
+            let data = bytes::Bytes::copy_from_slice(stmt);
+            let step = 64 << 10;
+            let parts: Vec<std::io::Result<bytes::Bytes>> = (0..data.len())
+                .step_by(step)
+                .map(|i| Ok(data.slice(i..(i + step).min(data.len()))))
+                .collect();
+            s.conn.set_infile_handler(async move {
+                Ok(Box::pin(futures_util::stream::iter(parts)) as mysql_async::InfileData)
+            });
+            s.conn
+                .query_drop(&s.load_sql)
+                .await
+                .map_err(|e| sink_error(&format!("LOAD DATA LOCAL INFILE into {table}"), e))
+        }
+    };
+    stmt.truncate(head);
+    r?;
+    let took = s.conn.affected_rows();
+    if encoding == Encoding::Tsv && (s.conn.get_warnings() > 0 || took != rows) {
+        // LOCAL makes the server take data errors as warnings (it cannot stop the client
+        // sending): a value cut short or a row skipped must fail the epoch, as INSERT does.
+        let warnings: Vec<(String, u16, String)> = s
+            .conn
+            .query("SHOW WARNINGS LIMIT 3")
+            .await
+            .map_err(|e| sink_error("SHOW WARNINGS after LOAD DATA", e))?;
+        let shown: Vec<String> = warnings
+            .iter()
+            .map(|(level, code, msg)| format!("{level} {code}: {msg}"))
+            .collect();
+        return Err(SinkError::permanent(format!(
+            "LOAD DATA LOCAL INFILE into {table} took {took} of {rows} rows with warnings ({}); nothing of the epoch is committed",
+            shown.join("; ")
+        )));
+    }
+    Ok(took)
 }
 
 impl AsyncSink for MySqlSink {

@@ -43,7 +43,11 @@ async fn statements_stay_under_max_allowed_packet() {
         walsink::ErrorKind::Sink(s) => assert_eq!(s.class(), SinkErrorClass::Permanent),
         other => panic!("not a sink error: {other:?}"),
     }
-    assert_eq!(log.wal.health().committed, Some(1), "epoch 2 is not committed");
+    assert_eq!(
+        log.wal.health().committed,
+        Some(1),
+        "epoch 2 is not committed"
+    );
     let markers = sink.committed(&id, 0).await.unwrap();
     assert_eq!(markers.len(), 1, "no marker for epoch 2: {markers:?}");
 }

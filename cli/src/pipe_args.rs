@@ -88,6 +88,7 @@ fn sink_help() -> String {
     for scheme in crate::targets::schemes() {
         let form = match scheme {
             "postgres" => "postgres://USER@HOST:PORT/DB?table=NAME[&mode=2pc] (also postgresql://): exactly-once, rows and marker in one transaction",
+            "mysql" => "mysql://USER@HOST:PORT/DB?table=NAME[&mode=xa] (also mariadb://): exactly-once, rows and marker in one InnoDB transaction",
             "http" => "http://HOST:PORT/PATH[?max_records=N&max_bytes=B&timeout=5s]: exactly-once for a receiver that deduplicates by Idempotency-Key",
             "https" => "https://HOST:PORT/PATH[?…]: as http://, over TLS",
             "redis" => "redis://HOST:PORT/DB?key=NAME&mode=list|stream|hash[&password_file=PATH]: exactly-once inside Redis",

@@ -1,4 +1,4 @@
-//! Targets named by a URL on `--sink` (`postgres://…`, `redis://…`, `http://…`,
+//! Targets named by a URL on `--sink` (`postgres://…`, `mysql://…`, `redis://…`, `http://…`,
 //! `nats://…`), each from its target crate behind a cargo feature of the CLI (all on by
 //! default). One seam for `pipe` and `inspect`: how to show the target without secrets, how
 //! to make its sink, and what the target itself says is committed.
@@ -9,6 +9,8 @@ use walsink::Sink;
 
 #[cfg(feature = "http")]
 mod http;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "postgres")]
@@ -79,6 +81,8 @@ pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {
     match scheme {
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Some(postgres::parse(spec)),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Some(mysql::parse(spec)),
         #[cfg(feature = "http")]
         "http" | "https" => Some(http::parse(spec)),
         #[cfg(feature = "redis")]
@@ -94,6 +98,8 @@ pub(crate) fn schemes() -> Vec<&'static str> {
     let known: &[&'static str] = &[
         #[cfg(feature = "postgres")]
         "postgres",
+        #[cfg(feature = "mysql")]
+        "mysql",
         #[cfg(feature = "http")]
         "http",
         #[cfg(feature = "http")]

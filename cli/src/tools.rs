@@ -172,7 +172,7 @@ fn target_view(spec: &str, identity: Option<&(String, u32)>) -> CliResult<Target
             (out.display().to_string(), held, Vec::new())
         }
         SinkSpec::Stdout => {
-            return Err("--sink stdout keeps no record of what it printed; inspect shows a target that holds commit markers (dir:PATH, postgres://…)".into())
+            return Err("--sink stdout keeps no record of what it printed; inspect shows a target that holds commit markers (dir:PATH, postgres://…, mysql://…)".into())
         }
         SinkSpec::Target(t) => {
             let Some(held) = t.committed(sink_id, *subtask)? else {

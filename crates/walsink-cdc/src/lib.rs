@@ -23,6 +23,7 @@ pub mod check;
 mod columns;
 pub mod config;
 pub mod event;
+mod image;
 pub mod pgoutput;
 pub mod plan;
 pub mod shape;

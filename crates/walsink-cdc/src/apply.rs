@@ -1281,7 +1281,10 @@ fn read(
 }
 
 /// One record parsed: where it is in the log, and its event (`None`: a tombstone).
-type Parsed = (RecordPosition, Result<Option<Event<Img>>, event::EventError>);
+type Parsed = (
+    RecordPosition,
+    Result<Option<Event<Img>>, event::EventError>,
+);
 
 /// An epoch's records, read chunk by chunk and parsed in batches of [`PARSE_BATCH`] on the
 /// sink's own task. Parsing on the blocking pool instead, ahead of the planning, cost more
@@ -1659,7 +1662,10 @@ fn build(
             let row = &change.row;
             if in_row_order && row.len() == sent.len() {
                 for (((c, v), kind), array) in row.columns().zip(&kinds).zip(&mut arrays) {
-                    debug_assert!(sent.iter().any(|s| s == c), "{c} is not a column of the step");
+                    debug_assert!(
+                        sent.iter().any(|s| s == c),
+                        "{c} is not a column of the step"
+                    );
                     array.push(v.text(kind).as_deref());
                 }
                 continue;

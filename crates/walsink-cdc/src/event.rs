@@ -40,7 +40,7 @@ impl Op {
         }
     }
 
-    fn parse(s: &str) -> Option<Op> {
+    pub(crate) fn parse(s: &str) -> Option<Op> {
         Some(match s {
             "c" => Op::Create,
             "r" => Op::Read,
@@ -351,7 +351,11 @@ pub(crate) mod quick {
     /// holding one or an LSN, below 2^63, as [`position`](super::position) reads them; `None` for anything
     /// else, which the general way reads (and names if it is wrong).
     fn raw_position(raw: &RawValue) -> Option<u64> {
-        let text = raw.get();
+        position_text(raw.get())
+    }
+
+    /// [`raw_position`] of a value's JSON text.
+    pub(crate) fn position_text(text: &str) -> Option<u64> {
         // A number's text is its digits; a string's, its contents when it has no escapes.
         let digits = match text.strip_prefix('"') {
             Some(quoted) => quoted.strip_suffix('"').filter(|s| !s.contains('\\'))?,
@@ -455,9 +459,7 @@ pub(crate) mod quick {
                                 Val::Int(text)
                             }
                             Some(b'n') if text == "null" => Val::Null,
-                            _ => Val::Json(Box::new(
-                                value(raw).map_err(serde::de::Error::custom)?,
-                            )),
+                            _ => Val::Json(Box::new(value(raw).map_err(serde::de::Error::custom)?)),
                         };
                         cols.push((column, val));
                     }
@@ -513,7 +515,7 @@ pub(crate) mod quick {
     }
 
     /// Whether the record may be read this way at all.
-    fn usable(record: &[u8], field: &PositionField) -> bool {
+    pub(crate) fn usable(record: &[u8], field: &PositionField) -> bool {
         if field.0.len() != 2 || field.0[0] != "source" || field.0[1] != "lsn" {
             return false;
         }

@@ -238,7 +238,13 @@ impl Image for Img {
 /// Reads one record the sink's own way; `None` when it is not one of the common shapes
 /// (then [`crate::event::parse`] reads it, and gives the same event where both answer).
 pub(crate) fn parse(record: &Bytes, field: &PositionField) -> Option<Option<Event<Img>>> {
+    if u32::try_from(record.len()).is_err() || !crate::event::quick::usable(record, field) {
+        return None;
+    }
     let text = std::str::from_utf8(record).ok()?;
+    if let Some(e) = crate::scan::scan(record, text) {
+        return Some(e);
+    }
     let e = crate::event::quick::parse_text_as::<crate::event::quick::Spans>(text, field)?;
     let Some(e) = e else { return Some(None) };
     let base = text.as_ptr() as usize;
@@ -246,11 +252,8 @@ pub(crate) fn parse(record: &Bytes, field: &PositionField) -> Option<Option<Even
         let a = s.as_ptr() as usize - base;
         (a as u32, (a + s.len()) as u32)
     };
-    if u32::try_from(text.len()).is_err() {
-        return None;
-    }
     let img = |spans: crate::event::quick::Spans| {
-        let mut cols: Vec<Spanned> = spans
+        let cols: Vec<Spanned> = spans
             .0
             .into_iter()
             .map(|(n, v)| {
@@ -263,24 +266,7 @@ pub(crate) fn parse(record: &Bytes, field: &PositionField) -> Option<Option<Even
                 (at(n), v)
             })
             .collect();
-        // Sorted by name, and of a name given twice the last value kept, as `Row` keeps it
-        // (a stable sort keeps equal names in the order read).
-        let name = |c: &((u32, u32), _)| &record[c.0 .0 as usize..c.0 .1 as usize];
-        if !cols.is_sorted_by(|a, b| name(a) < name(b)) {
-            cols.sort_by(|a, b| name(a).cmp(name(b)));
-            let mut i = 0;
-            while i + 1 < cols.len() {
-                if name(&cols[i]) == name(&cols[i + 1]) {
-                    cols.remove(i);
-                } else {
-                    i += 1;
-                }
-            }
-        }
-        Img::Spans {
-            data: record.clone(),
-            cols,
-        }
+        sorted(record, cols)
     };
     Some(Some(Event {
         op: e.op,
@@ -291,6 +277,28 @@ pub(crate) fn parse(record: &Bytes, field: &PositionField) -> Option<Option<Even
         before: e.before.map(img),
         after: e.after.map(img),
     }))
+}
+
+/// The image of `cols` (spans of `record`, in the order read): sorted by name, and of a name
+/// given twice the last value kept, as `Row` keeps it (a stable sort keeps equal names in the
+/// order read).
+pub(crate) fn sorted(record: &Bytes, mut cols: Vec<Spanned>) -> Img {
+    let name = |c: &Spanned| &record[c.0 .0 as usize..c.0 .1 as usize];
+    if !cols.is_sorted_by(|a, b| name(a) < name(b)) {
+        cols.sort_by(|a, b| name(a).cmp(name(b)));
+        let mut i = 0;
+        while i + 1 < cols.len() {
+            if name(&cols[i]) == name(&cols[i + 1]) {
+                cols.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+    }
+    Img::Spans {
+        data: record.clone(),
+        cols,
+    }
 }
 
 /// A `text[]` parameter built value by value from borrowed text, sent in the binary array

@@ -26,6 +26,7 @@ pub mod event;
 mod image;
 pub mod pgoutput;
 pub mod plan;
+mod scan;
 pub mod shape;
 
 pub use apply::{CdcSink, Stats};

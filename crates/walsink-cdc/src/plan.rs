@@ -20,9 +20,9 @@
 
 use crate::event::{Event, Op, Row};
 use foldhash::HashMap;
-use std::fmt::Debug;
 use hashlink::LinkedHashMap;
 use serde_json::Value;
+use std::fmt::Debug;
 use walsink::RecordPosition;
 
 /// What the planner needs to know of a target table.
@@ -463,10 +463,7 @@ impl<R: Image> Planner<R> {
                         ..w.change
                     };
                     let row = &change.row;
-                    match upserts
-                        .iter_mut()
-                        .find(|(cols, _)| row.same_names(cols))
-                    {
+                    match upserts.iter_mut().find(|(cols, _)| row.same_names(cols)) {
                         Some((_, rows)) => rows.push(change),
                         None => {
                             // The first column set usually takes (nearly) every row.

@@ -626,6 +626,81 @@ fn source_jsonb_json_null_stays_json_null_not_sql_null() {
 // 3. DDL during the stream.
 // ---------------------------------------------------------------------------------------
 
+/// A table added to a running pipeline's `tables=` would be in neither the publication nor
+/// the snapshot, so its replica would stay empty (issue 30, item 3); one removed would still
+/// arrive through the publication. Both are refused on resume, naming the table, before
+/// anything is created; the same `tables=` goes on.
+#[test]
+fn source_a_table_added_to_or_removed_from_tables_is_refused_before_anything_is_created() {
+    if !servers(
+        "source_a_table_added_to_or_removed_from_tables_is_refused_before_anything_is_created",
+    ) {
+        return;
+    }
+    let pg = Cluster::start(&[("wal_level", "logical")]).expect("private cluster");
+    let url = pg.url("postgres");
+    q(
+        &url,
+        "CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY, v text);
+         INSERT INTO a VALUES (1, 'x'); INSERT INTO b VALUES (1, 'y');",
+    );
+    let d = tempfile::tempdir().unwrap();
+    let wal = d.path().join("wal");
+    let run = |tables: &str| {
+        run_with_timeout(
+            &strs(&[
+                "cdc",
+                "--source",
+                &format!("{url}?slot=tl&tables={tables}"),
+                "--wal",
+                s(&wal),
+                "--sink",
+                &format!("{url}?schema=rtl"),
+            ]),
+            Duration::from_secs(120),
+        )
+    };
+    let (code, _, err) = run("a");
+    assert_eq!(code, Some(0), "{err}");
+    q(
+        &url,
+        "INSERT INTO a VALUES (2, 'x2'); INSERT INTO b VALUES (2, 'z');",
+    );
+    let (code, _, err) = run("a,b");
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "added table taken: {code:?} {err}"
+    );
+    assert!(err.contains(r#"adds "public"."b""#), "{err}");
+    let b_tables = "SELECT count(*) FROM pg_tables WHERE schemaname = 'rtl' AND tablename = 'b'";
+    assert_eq!(
+        one(&url, b_tables),
+        "0",
+        "a replica table for b was created"
+    );
+    let (code, _, err) = run("b");
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "changed tables taken: {code:?} {err}"
+    );
+    assert!(err.contains(r#"removes "public"."a""#), "{err}");
+    assert_eq!(
+        one(&url, b_tables),
+        "0",
+        "a replica table for b was created"
+    );
+    // The pipeline's own tables= goes on, and the change made meanwhile arrives.
+    let (code, _, err) = run("a");
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        one(
+            &url,
+            "SELECT string_agg(id || v, ',' ORDER BY id) FROM rtl.a"
+        ),
+        "1x,2x2"
+    );
+}
+
 #[test]
 fn source_added_column_is_followed_with_the_source_type() {
     if !servers("source_added_column_is_followed_with_the_source_type") {

@@ -18,7 +18,8 @@
 use crate::columns::ColumnKind;
 use crate::config::{ident, Config};
 use crate::event::{self, BadEvent, Event, Op};
-use crate::plan::{Planner, Step, TableMeta};
+use crate::image::{Img, TextArray, View};
+use crate::plan::{Image, Planner, Step, TableMeta};
 use foldhash::{HashMap, HashMapExt};
 use serde_json::{json, Value};
 use std::future::Future;
@@ -150,9 +151,11 @@ impl Spelling {
     }
 
     /// Whether `v` is this column's one spelling of its key.
-    fn holds(self, v: Option<&Value>) -> bool {
+    fn holds(self, v: Option<View<'_>>) -> bool {
         match (self, v) {
-            (Spelling::Int, Some(Value::Number(n))) => {
+            // A plain integer: the spelling checked below, already checked when it was read.
+            (Spelling::Int, Some(View::Int(_))) => true,
+            (Spelling::Int, Some(View::Json(Value::Number(n)))) => {
                 let t = n.as_str();
                 let digits = t.strip_prefix('-').unwrap_or(t);
                 t == "0"
@@ -160,8 +163,8 @@ impl Spelling {
                         && !digits.starts_with('0')
                         && digits.bytes().all(|b| b.is_ascii_digit()))
             }
-            (Spelling::Text, Some(Value::String(_))) => true,
-            (Spelling::Uuid, Some(Value::String(u))) => {
+            (Spelling::Text, Some(View::Str(_))) => true,
+            (Spelling::Uuid, Some(View::Str(u))) => {
                 u.len() == 36
                     && u.bytes().enumerate().all(|(i, b)| match i {
                         8 | 13 | 18 | 23 => b == b'-',
@@ -174,7 +177,7 @@ impl Spelling {
 }
 
 /// Whether the key of `row` (an image holding the key columns) is written in its one spelling.
-fn spelled_once(target: &Target, row: &crate::event::Row) -> bool {
+fn spelled_once(target: &Target, row: &Img) -> bool {
     target
         .meta
         .key
@@ -457,7 +460,7 @@ impl CdcSink {
         let started = std::time::Instant::now();
         let before = stats.statements;
         let mut highs = Highs::new();
-        let mut planner = Planner::new();
+        let mut planner = Planner::<Img>::new();
         // Changes held to fold later events of their keys into (see `window`); the oldest
         // are sent a flush at a time, the first sooner, so the server starts early.
         let window = window(epoch.len(), max_held);
@@ -664,7 +667,7 @@ impl AsyncSink for CdcSink {
     }
 }
 
-fn where_(ev: &Event, at: RecordPosition) -> String {
+fn where_<R>(ev: &Event<R>, at: RecordPosition) -> String {
     format!(
         "event at checkpoint {}, index {} (op {}, source position {})",
         at.checkpoint, at.index, ev.op, ev.position
@@ -677,7 +680,7 @@ async fn table_meta(
     tx: &Transaction<'_>,
     tables: &mut HashMap<String, Target>,
     schema: &str,
-    ev: &Event,
+    ev: &Event<Img>,
     at: RecordPosition,
     add_missing: bool,
     due: &mut std::collections::HashSet<String>,
@@ -706,7 +709,7 @@ async fn table_meta(
         Op::Truncate => None,
         _ => ev.after.as_ref(),
     };
-    if image.is_some_and(|r| r.contains_key(POS)) {
+    if image.is_some_and(|r| r.has(POS)) {
         return Err(SinkError::permanent(format!(
             "the event carries column {POS:?}, which is walsink's own in {} ({})",
             qualified(),
@@ -714,7 +717,7 @@ async fn table_meta(
         )));
     }
     // Most events carry the table's columns: checked without allocating.
-    if image.is_none_or(|r| r.keys().all(|c| meta.columns.iter().any(|t| t == c))) {
+    if image.is_none_or(|r| r.names().all(|c| meta.columns.iter().any(|t| t == c))) {
         return Ok(());
     }
     let qualified = qualified();
@@ -739,7 +742,7 @@ async fn table_meta(
     }
     let row = image.expect("missing columns come from an image");
     for c in &missing {
-        let ty = sql_type(&row[c.as_str()]);
+        let ty = sql_type(&row.get(c).map_or(Value::Null, View::to_value));
         tx.batch_execute(&format!(
             "ALTER TABLE {qualified} ADD COLUMN IF NOT EXISTS {} {ty}",
             ident(c)
@@ -883,11 +886,11 @@ const INSERT: u8 = 2;
 /// value of a `json` or `jsonb` column as its JSON text (a string), which the statement reads
 /// with `->>` and casts: so JSON `null` stays `null`, where `jsonb_populate_record` would make
 /// it SQL `NULL`.
-fn payload(target: &Target, rows: Vec<crate::plan::Change>) -> Value {
+fn payload(target: &Target, rows: Vec<crate::plan::Change<Img>>) -> Value {
     Value::Array(
         rows.into_iter()
             .map(|c| {
-                let mut row = c.row;
+                let mut row = c.row.to_row();
                 for (col, v) in row.iter_mut() {
                     if target.kinds.get(col).is_some_and(ColumnKind::is_json) {
                         *v = crate::columns::json_text(v).map_or(Value::Null, Value::String);
@@ -935,7 +938,7 @@ async fn same_key_update(
     tx: &Transaction<'_>,
     target: &Target,
     schema: &str,
-    ev: &mut Event,
+    ev: &mut Event<Img>,
     at: RecordPosition,
 ) -> Result<(), SinkError> {
     let (Op::Update, Some(before), Some(after)) = (ev.op, &ev.before, &ev.after) else {
@@ -976,7 +979,11 @@ async fn same_key_update(
         .flat_map(|img| {
             meta.key
                 .iter()
-                .map(|c| target.kinds[c].text(img.get(c)))
+                .map(|c| {
+                    img.get(c)
+                        .and_then(|v| v.text(&target.kinds[c]))
+                        .map(std::borrow::Cow::into_owned)
+                })
                 .collect::<Vec<_>>()
         })
         .collect();
@@ -1007,15 +1014,10 @@ async fn same_key_update(
 
 /// Whether every key `ev` names (the old one too, when an update changes it) is in its one
 /// spelling.
-fn event_spelled_once(target: &Target, ev: &Event) -> bool {
-    let key_in = |row: &Option<crate::event::Row>| {
+fn event_spelled_once(target: &Target, ev: &Event<Img>) -> bool {
+    let key_in = |row: &Option<Img>| {
         row.as_ref().is_none_or(|r| {
-            target
-                .meta
-                .key
-                .iter()
-                .all(|k| r.get(k).is_none_or(Value::is_null))
-                || spelled_once(target, r)
+            target.meta.key.iter().all(|k| !r.has_value(k)) || spelled_once(target, r)
         })
     };
     match ev.op {
@@ -1029,7 +1031,7 @@ fn event_spelled_once(target: &Target, ev: &Event) -> bool {
 /// its one spelling ([`Spelling`]). The planner keeps one row per spelling, so such rows hold
 /// each key once, and a statement of them can skip keeping the newest per key (a sort of the
 /// rows).
-fn one_spelling(target: &Target, rows: &[crate::plan::Change]) -> bool {
+fn one_spelling(target: &Target, rows: &[crate::plan::Change<Img>]) -> bool {
     rows.iter().all(|r| spelled_once(target, &r.row))
 }
 
@@ -1185,7 +1187,7 @@ fn statement_sql(schema: &str, target: &Target, shape: Shape, columns: &[String]
 /// first step; `i64::MIN` (so the run goes guarded) when a step of the run holds a key not in
 /// its one spelling (`spelled[i]` false): two spellings of one key in two steps would
 /// otherwise meet unguarded, in the steps' order instead of their ranks'.
-fn run_floors(steps: &[Step], spelled: &[bool]) -> HashMap<usize, i64> {
+fn run_floors<R>(steps: &[Step<R>], spelled: &[bool]) -> HashMap<usize, i64> {
     let mut open: HashMap<&str, usize> = HashMap::new();
     let mut floors: HashMap<usize, i64> = HashMap::new();
     for (i, step) in steps.iter().enumerate() {
@@ -1221,7 +1223,7 @@ fn run_floors(steps: &[Step], spelled: &[bool]) -> HashMap<usize, i64> {
 ///
 /// [`Change::created`]: crate::plan::Change::created
 /// [`Change::opened`]: crate::plan::Change::opened
-fn plain_insert(c: &crate::plan::Change, start: i64, now: i64, in_order: bool) -> bool {
+fn plain_insert<R>(c: &crate::plan::Change<R>, start: i64, now: i64, in_order: bool) -> bool {
     let first = c.opened.min(c.rank);
     c.created && first > if in_order { start } else { now }
 }
@@ -1253,8 +1255,36 @@ const MAX_IN_FLIGHT: usize = 2;
 /// Records parsed in one go, between two chances for the connection's task to run.
 const PARSE_BATCH: usize = 256;
 
+/// Reads one record: the sink's own way ([`crate::image`]) when it can, the general way
+/// otherwise (the same event where both answer).
+fn read(
+    record: &bytes::Bytes,
+    position: &event::PositionField,
+) -> Result<Option<Event<Img>>, event::EventError> {
+    if !record
+        .iter()
+        .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+    {
+        if let Some(e) = crate::image::parse(record, position) {
+            return Ok(e);
+        }
+    }
+    Ok(event::parse(record, position)?.map(|e| Event {
+        op: e.op,
+        db: e.db,
+        schema: e.schema,
+        table: e.table,
+        position: e.position,
+        before: e.before.map(Img::Row),
+        after: e.after.map(Img::Row),
+    }))
+}
+
 /// One record parsed: where it is in the log, and its event (`None`: a tombstone).
-type Parsed = (RecordPosition, Result<Option<Event>, event::EventError>);
+type Parsed = (
+    RecordPosition,
+    Result<Option<Event<Img>>, event::EventError>,
+);
 
 /// An epoch's records, read chunk by chunk and parsed in batches of [`PARSE_BATCH`] on the
 /// sink's own task. Parsing on the blocking pool instead, ahead of the planning, cost more
@@ -1304,7 +1334,7 @@ impl Parsing {
         }
         let batch = self.records.by_ref().take(PARSE_BATCH);
         Some(Ok(batch
-            .map(|rec| (rec.position, event::parse(&rec.data, &self.position)))
+            .map(|rec| (rec.position, read(&rec.data, &self.position)))
             .collect()))
     }
 }
@@ -1390,7 +1420,7 @@ enum Params {
     Typed {
         ranks: Vec<i64>,
         table: Option<String>,
-        arrays: Vec<Vec<Option<String>>>,
+        arrays: Vec<TextArray>,
     },
     /// The rows as one JSON array, and the table's name if the statement takes it.
     Json { rows: Value, table: Option<String> },
@@ -1442,8 +1472,8 @@ async fn statements_for(
     statements: &mut Statements,
     at: &Tables<'_>,
     highs: &mut Highs,
-    steps: Vec<Step>,
-    planner: &Planner,
+    steps: Vec<Step<Img>>,
+    planner: &Planner<Img>,
     stats: &mut Stats,
 ) -> Result<Vec<Ready>, SinkError> {
     let Tables {
@@ -1562,7 +1592,7 @@ struct Pending {
     table: String,
     shape: Shape,
     columns: Vec<String>,
-    rows: Vec<crate::plan::Change>,
+    rows: Vec<crate::plan::Change<Img>>,
 }
 
 impl Pending {
@@ -1604,7 +1634,7 @@ fn build(
     target: &Target,
     shape: Shape,
     columns: &[String],
-    rows: Vec<crate::plan::Change>,
+    rows: Vec<crate::plan::Change<Img>>,
     statement: Statement,
     schema: &str,
 ) -> Ready {
@@ -1620,25 +1650,28 @@ fn build(
     let params = if typed(target, sent) {
         let ranks: Vec<i64> = rows.iter().map(|c| c.rank).collect();
         let kinds: Vec<&ColumnKind> = sent.iter().map(|c| &target.kinds[c]).collect();
-        let mut arrays: Vec<Vec<Option<String>>> = sent
+        let mut arrays: Vec<TextArray> = sent
             .iter()
-            .map(|_| Vec::with_capacity(rows.len()))
+            .map(|_| TextArray::with_capacity(rows.len()))
             .collect();
         // An upsert's rows carry exactly its columns, and `sent` lists them in the rows'
         // order (by name), so each row is taken apart in one pass; a delete's key columns
         // are in key order.
         let in_row_order = sent.iter().map(String::as_str).is_sorted();
-        for change in rows {
-            let mut row = change.row;
+        for change in &rows {
+            let row = &change.row;
             if in_row_order && row.len() == sent.len() {
-                for (((c, v), kind), array) in row.into_iter().zip(&kinds).zip(&mut arrays) {
-                    debug_assert!(sent.contains(&c), "{c} is not a column of the step");
-                    array.push(kind.text_of(Some(v)));
+                for (((c, v), kind), array) in row.columns().zip(&kinds).zip(&mut arrays) {
+                    debug_assert!(
+                        sent.iter().any(|s| s == c),
+                        "{c} is not a column of the step"
+                    );
+                    array.push(v.text(kind).as_deref());
                 }
                 continue;
             }
             for ((c, kind), array) in sent.iter().zip(&kinds).zip(&mut arrays) {
-                array.push(kind.text_of(row.remove(c)));
+                array.push(row.get(c).and_then(|v| v.text(kind)).as_deref());
             }
         }
         Params::Typed {
@@ -1792,7 +1825,7 @@ async fn store_highs(tx: &Transaction<'_>, schema: &str, highs: &Highs) -> Resul
     Ok(())
 }
 
-fn failed(what: &str, schema: &str, table: &str, rows: &[crate::plan::Change]) -> String {
+fn failed(what: &str, schema: &str, table: &str, rows: &[crate::plan::Change<Img>]) -> String {
     let first = rows.iter().map(|c| c.at).min().expect("not empty");
     let last = rows.iter().map(|c| c.at).max().expect("not empty");
     format!(
@@ -2023,7 +2056,7 @@ mod tests {
             created: false,
             opened: 1,
             rank: 1,
-            row: [("id".to_string(), id)].into_iter().collect(),
+            row: Img::Row([("id".to_string(), id)].into_iter().collect()),
             at: RecordPosition {
                 checkpoint: 1,
                 index: 0,

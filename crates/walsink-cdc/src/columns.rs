@@ -77,15 +77,6 @@ impl ColumnKind {
         }
     }
 
-    /// [`ColumnKind::text`] of a value the caller gives up: a string goes as it is, without
-    /// a copy.
-    pub(crate) fn text_of(&self, v: Option<Value>) -> Option<String> {
-        match (self, v) {
-            (ColumnKind::Text(_) | ColumnKind::Json(_), Some(Value::String(s))) => Some(s),
-            (_, v) => self.text(v.as_ref()),
-        }
-    }
-
     /// Whether the column is a `json` or `jsonb` column.
     pub(crate) fn is_json(&self) -> bool {
         matches!(self, ColumnKind::Json(_))

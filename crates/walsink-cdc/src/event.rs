@@ -40,7 +40,7 @@ impl Op {
         }
     }
 
-    fn parse(s: &str) -> Option<Op> {
+    pub(crate) fn parse(s: &str) -> Option<Op> {
         Some(match s {
             "c" => Op::Create,
             "r" => Op::Read,
@@ -55,9 +55,10 @@ impl Op {
 /// A row image (`before` or `after`): column name to JSON value.
 pub type Row = Map<String, Value>;
 
-/// One parsed change event.
+/// One parsed change event; its images are [`Row`]s unless the sink reads them its own way
+/// (see [`crate::plan::Image`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Event {
+pub struct Event<R = Row> {
     /// What the event does.
     pub op: Op,
     /// `source.db`, when present.
@@ -69,12 +70,12 @@ pub struct Event {
     /// The source position (`source.lsn`, or the configured field): below 2^63.
     pub position: u64,
     /// The row before the change (`u` with a key change or a full replica identity, `d`).
-    pub before: Option<Row>,
+    pub before: Option<R>,
     /// The row after the change (`c`, `r`, `u`).
-    pub after: Option<Row>,
+    pub after: Option<R>,
 }
 
-impl Event {
+impl<R> Event<R> {
     /// The rank that orders this event against what a row already holds: a snapshot read
     /// (`r`) ranks below every streamed change whatever its position, streamed changes rank
     /// by position. A row keeps the rank of the event that wrote it, and an event whose rank
@@ -288,7 +289,7 @@ pub fn parse(record: &[u8], field: &PositionField) -> Result<Option<Event>, Even
 /// `source.lsn`) answers `None`, and the record is read again the general way, which gives
 /// the same event or names what is wrong: this path never decides differently, it only
 /// decides sooner.
-mod quick {
+pub(crate) mod quick {
     use super::{Event, Op, PositionField, Row};
     use serde::de::IgnoredAny;
     use serde::Deserialize;
@@ -296,15 +297,17 @@ mod quick {
     use serde_json::Value;
     use std::borrow::Cow;
 
+    /// An event's fields, its images read as `I`: [`Image`] (a [`Row`]) or [`Spans`].
     #[derive(Deserialize)]
-    struct Envelope<'a> {
+    #[serde(bound(deserialize = "I: Deserialize<'de>"))]
+    struct Envelope<'a, I> {
         /// `None`: absent; `Some(None)`: `null` (the general way tells the two apart).
         #[serde(borrow, default, deserialize_with = "present")]
         op: Option<Option<&'a str>>,
-        #[serde(default)]
-        before: Option<Image>,
-        #[serde(default)]
-        after: Option<Image>,
+        #[serde(default = "none")]
+        before: Option<I>,
+        #[serde(default = "none")]
+        after: Option<I>,
         #[serde(borrow, default)]
         source: Option<Source<'a>>,
         #[serde(borrow, default)]
@@ -348,7 +351,11 @@ mod quick {
     /// holding one or an LSN, below 2^63, as [`position`](super::position) reads them; `None` for anything
     /// else, which the general way reads (and names if it is wrong).
     fn raw_position(raw: &RawValue) -> Option<u64> {
-        let text = raw.get();
+        position_text(raw.get())
+    }
+
+    /// [`raw_position`] of a value's JSON text.
+    pub(crate) fn position_text(text: &str) -> Option<u64> {
         // A number's text is its digits; a string's, its contents when it has no escapes.
         let digits = match text.strip_prefix('"') {
             Some(quoted) => quoted.strip_suffix('"').filter(|s| !s.contains('\\'))?,
@@ -412,6 +419,57 @@ mod quick {
         serde_json::from_str(text)
     }
 
+    fn none<I>() -> Option<I> {
+        None
+    }
+
+    /// A row image as its columns' names and JSON texts, borrowed from the record: the
+    /// sink's own reading ([`crate::image::Img`]), which builds no JSON value for a string
+    /// without escapes, a plain integer or `null`. A name with escapes fails it (the record is
+    /// then read the general way). Every other value is read here as [`Row`] reads it, so
+    /// what is refused is refused here too.
+    pub(crate) struct Spans<'a>(pub(crate) Vec<(&'a str, crate::image::Val<&'a str>)>);
+
+    impl<'de> Deserialize<'de> for Spans<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Spans<'de>, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Spans<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a row image")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<Spans<'de>, A::Error> {
+                    use crate::image::Val;
+                    let mut cols = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                    while let Some(column) = map.next_key::<&'de str>()? {
+                        let raw: &'de RawValue = map.next_value()?;
+                        let text = raw.get();
+                        let val = match text.as_bytes().first() {
+                            Some(b'"')
+                                if text.len() >= 2
+                                    && text.ends_with('"')
+                                    && !text[1..text.len() - 1].contains('\\') =>
+                            {
+                                Val::Str(&text[1..text.len() - 1])
+                            }
+                            Some(b'-' | b'0'..=b'9') if crate::columns::plain_integer(text) => {
+                                Val::Int(text)
+                            }
+                            Some(b'n') if text == "null" => Val::Null,
+                            _ => Val::Json(Box::new(value(raw).map_err(serde::de::Error::custom)?)),
+                        };
+                        cols.push((column, val));
+                    }
+                    Ok(Spans(cols))
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
+
     fn present<'de, D: serde::Deserializer<'de>>(
         d: D,
     ) -> Result<Option<Option<&'de str>>, D::Error> {
@@ -419,35 +477,71 @@ mod quick {
     }
 
     pub(super) fn parse(record: &[u8], field: &PositionField) -> Option<Option<Event>> {
-        if field.0.len() != 2 || field.0[0] != "source" || field.0[1] != "lsn" {
+        parse_as::<Image>(record, field).map(|e| {
+            e.map(|e| Event {
+                op: e.op,
+                db: e.db,
+                schema: e.schema,
+                table: e.table,
+                position: e.position,
+                before: e.before.map(|i| i.0),
+                after: e.after.map(|i| i.0),
+            })
+        })
+    }
+
+    /// [`parse`], the images read as `I`; `text` is the record as text.
+    pub(crate) fn parse_text_as<'a, I: Deserialize<'a>>(
+        text: &'a str,
+        field: &PositionField,
+    ) -> Option<Option<Event<I>>> {
+        if !usable(text.as_bytes(), field) {
             return None;
+        }
+        envelope(text)
+    }
+
+    fn parse_as<'a, I: Deserialize<'a>>(
+        record: &'a [u8],
+        field: &PositionField,
+    ) -> Option<Option<Event<I>>> {
+        if !usable(record, field) {
+            return None;
+        }
+        // Checked as UTF-8 once, so the parser need not check each string again (not UTF-8:
+        // the general way names it).
+        let text = std::str::from_utf8(record).ok()?;
+        envelope(text)
+    }
+
+    /// Whether the record may be read this way at all.
+    pub(crate) fn usable(record: &[u8], field: &PositionField) -> bool {
+        if field.0.len() != 2 || field.0[0] != "source" || field.0[1] != "lsn" {
+            return false;
         }
         // The general way refuses JSON nested deeper than its parser's limit (128), also in
         // fields this way skips unread; a record with that many openers goes the general way.
         // serde_json does not check the `\u` escapes of what it skips, where the general way
         // refuses a lone surrogate: a record with a surrogate escape anywhere goes that way.
         if has_surrogate_escape(record) {
-            return None;
+            return false;
         }
-        if record.len() > 128
+        !(record.len() > 128
             && record
                 .iter()
                 .fold(0usize, |n, &b| n + usize::from(b == b'[' || b == b'{'))
-                > 128
-        {
-            return None;
-        }
-        // Checked as UTF-8 once, so the parser need not check each string again (not UTF-8:
-        // the general way names it).
-        let text = std::str::from_utf8(record).ok()?;
-        let top: Envelope = serde_json::from_str(text).ok()?;
+                > 128)
+    }
+
+    fn envelope<'a, I: Deserialize<'a>>(text: &'a str) -> Option<Option<Event<I>>> {
+        let top: Envelope<I> = serde_json::from_str(text).ok()?;
         let e = match (&top.payload, &top.op, &top.schema) {
             // The converter's wrapper.
             (Some(payload), None, Some(_)) => {
                 if payload.get() == "null" {
                     return Some(None);
                 }
-                let inner: Envelope = serde_json::from_str(payload.get()).ok()?;
+                let inner: Envelope<I> = serde_json::from_str(payload.get()).ok()?;
                 if inner.payload.is_some() {
                     return None;
                 }
@@ -472,8 +566,8 @@ mod quick {
             schema: source.schema.map(|t| t.0.into_owned()),
             table,
             position,
-            before: e.before.map(|i| i.0),
-            after: e.after.map(|i| i.0),
+            before: e.before,
+            after: e.after,
         }))
     }
 }

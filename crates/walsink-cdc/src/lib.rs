@@ -23,8 +23,10 @@ pub mod check;
 mod columns;
 pub mod config;
 pub mod event;
+mod image;
 pub mod pgoutput;
 pub mod plan;
+mod scan;
 pub mod shape;
 
 pub use apply::{CdcSink, Stats};

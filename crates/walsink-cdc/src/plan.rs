@@ -22,6 +22,7 @@ use crate::event::{Event, Op, Row};
 use foldhash::HashMap;
 use hashlink::LinkedHashMap;
 use serde_json::Value;
+use std::fmt::Debug;
 use walsink::RecordPosition;
 
 /// What the planner needs to know of a target table.
@@ -37,10 +38,60 @@ pub struct TableMeta {
 
 impl TableMeta {
     /// The columns of `row` that the table lacks.
-    pub fn missing<'a>(&self, row: &'a Row) -> Vec<&'a str> {
-        row.keys()
-            .filter(|c| !self.columns.iter().any(|t| t == *c))
-            .map(String::as_str)
+    pub fn missing<'a, R: Image>(&self, row: &'a R) -> Vec<&'a str> {
+        row.names()
+            .filter(|c| !self.columns.iter().any(|t| t == c))
+            .collect()
+    }
+}
+
+/// What the planner needs of a row image: [`Row`] (a parsed JSON object), or the sink's own
+/// image that points into the record it was read from.
+pub trait Image: Clone + Debug + PartialEq {
+    /// The image's column names, sorted, each once.
+    fn names(&self) -> impl Iterator<Item = &str>;
+    /// Whether the image carries `column` (`null` too).
+    fn has(&self, column: &str) -> bool;
+    /// Whether the image carries `column` with a value that is not `null`.
+    fn has_value(&self, column: &str) -> bool;
+    /// The canonical text of one key column's value ([`key_of`]); `None` when the image
+    /// lacks it or holds `null`.
+    fn key_part(&self, column: &str) -> Option<std::borrow::Cow<'_, str>>;
+    /// The image of the key columns of `meta` only (those it carries).
+    fn key_only(&self, meta: &TableMeta) -> Self;
+    /// Whether the image's column names ([`Image::names`]) are `names`.
+    fn same_names(&self, names: &[String]) -> bool {
+        self.names().eq(names.iter().map(String::as_str))
+    }
+}
+
+impl Image for Row {
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.keys().map(String::as_str)
+    }
+
+    fn has(&self, column: &str) -> bool {
+        self.contains_key(column)
+    }
+
+    fn has_value(&self, column: &str) -> bool {
+        self.get(column).is_some_and(|v| !v.is_null())
+    }
+
+    fn key_part(&self, column: &str) -> Option<std::borrow::Cow<'_, str>> {
+        Some(match self.get(column)? {
+            Value::Null => return None,
+            Value::String(s) => std::borrow::Cow::Borrowed(s.as_str()),
+            // A number's text as written (`arbitrary_precision`), as `to_string` gives it.
+            Value::Number(n) => std::borrow::Cow::Borrowed(n.as_str()),
+            other => std::borrow::Cow::Owned(other.to_string()),
+        })
+    }
+
+    fn key_only(&self, meta: &TableMeta) -> Self {
+        meta.key
+            .iter()
+            .filter_map(|c| self.get(c).map(|v| (c.clone(), v.clone())))
             .collect()
     }
 }
@@ -48,11 +99,11 @@ impl TableMeta {
 /// One change that survived reduction: the image to write (for a delete, the key columns)
 /// and where it came from.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Change {
+pub struct Change<R = Row> {
     /// The event's rank ([`Event::rank`]).
     pub rank: i64,
     /// The row image.
-    pub row: Row,
+    pub row: R,
     /// The event's place in the log.
     pub at: RecordPosition,
     /// An upsert whose key's first event since the table's run began was a create or a
@@ -73,13 +124,13 @@ pub struct Change {
 
 /// One set-based statement of a plan.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Step {
+pub enum Step<R = Row> {
     /// Delete these keys (each at most once), leaving tombstones.
     Deletes {
         /// The target table.
         table: String,
         /// The keys, with their ranks.
-        rows: Vec<Change>,
+        rows: Vec<Change<R>>,
     },
     /// Upsert these rows (each key at most once); all rows carry exactly `columns`.
     Upserts {
@@ -88,7 +139,7 @@ pub enum Step {
         /// The columns every row carries, sorted.
         columns: Vec<String>,
         /// The rows, with their ranks.
-        rows: Vec<Change>,
+        rows: Vec<Change<R>>,
     },
     /// The table's run ends here: steps after it may touch keys that steps before it (since
     /// the last truncate or cut) touched, so they must be compared with what those steps left
@@ -109,7 +160,7 @@ pub enum Step {
     },
 }
 
-impl Step {
+impl<R> Step<R> {
     /// The changes it counts in [`Planner::held`]: its rows, one for a truncate, none for a
     /// cut.
     fn held(&self) -> usize {
@@ -144,9 +195,9 @@ enum Kind {
 }
 
 #[derive(Debug, Clone)]
-struct Winner {
+struct Winner<R> {
     kind: Kind,
-    change: Change,
+    change: Change<R>,
     /// The key's first event in the current run was a create or a snapshot read (kept
     /// across a delete winner too; an upsert's `change.created` is set from it when flushed).
     created: bool,
@@ -156,13 +207,13 @@ struct Winner {
 
 /// A table's kept winners by key, oldest first: a key moves to the back when a newer event
 /// replaces its winner, so the front is the key left alone longest.
-type Winners = LinkedHashMap<String, Winner, foldhash::fast::RandomState>;
+type Winners<R> = LinkedHashMap<String, Winner<R>, foldhash::fast::RandomState>;
 
 /// Reduces a stream of events to [`Step`]s; see the module docs.
-#[derive(Debug, Default)]
-pub struct Planner {
-    tables: HashMap<String, Winners>,
-    out: Vec<Step>,
+#[derive(Debug)]
+pub struct Planner<R = Row> {
+    tables: HashMap<String, Winners<R>>,
+    out: Vec<Step<R>>,
     held: usize,
     /// Each table's last rank pushed, and whether no rank pushed for it so far fell.
     order: HashMap<String, (i64, bool)>,
@@ -171,22 +222,20 @@ pub struct Planner {
 /// The canonical text of a key: each key column's value as text (a string as itself, a number
 /// or boolean as written), so `"7"` and `7` name the same key, as they do once cast. Each part
 /// is written as its length, `:`, and itself, so no two keys share a text.
-pub fn key_of(row: &Row, meta: &TableMeta, image: &'static str) -> Result<String, PlanError> {
+pub fn key_of<R: Image>(
+    row: &R,
+    meta: &TableMeta,
+    image: &'static str,
+) -> Result<String, PlanError> {
     let mut k = String::with_capacity(16);
     let mut len = itoa::Buffer::new();
     for c in &meta.key {
-        let part = match row.get(c) {
-            None | Some(Value::Null) => {
-                return Err(PlanError::NoKey {
-                    table: meta.name.clone(),
-                    image,
-                    column: c.clone(),
-                })
-            }
-            Some(Value::String(s)) => std::borrow::Cow::Borrowed(s.as_str()),
-            // A number's text as written (`arbitrary_precision`), as `to_string` gives it.
-            Some(Value::Number(n)) => std::borrow::Cow::Borrowed(n.as_str()),
-            Some(other) => std::borrow::Cow::Owned(other.to_string()),
+        let Some(part) = row.key_part(c) else {
+            return Err(PlanError::NoKey {
+                table: meta.name.clone(),
+                image,
+                column: c.clone(),
+            });
         };
         k.push_str(len.format(part.len()));
         k.push(':');
@@ -197,11 +246,22 @@ pub fn key_of(row: &Row, meta: &TableMeta, image: &'static str) -> Result<String
 
 /// Whether `after` carries only some of the table's columns (an unchanged TOAST value left
 /// out): such an image must land on top of what the earlier events left.
-pub fn partial(after: &Row, meta: &TableMeta) -> bool {
-    meta.columns.iter().any(|c| !after.contains_key(c))
+pub fn partial<R: Image>(after: &R, meta: &TableMeta) -> bool {
+    meta.columns.iter().any(|c| !after.has(c))
 }
 
-impl Planner {
+impl<R> Default for Planner<R> {
+    fn default() -> Self {
+        Planner {
+            tables: HashMap::default(),
+            out: Vec::new(),
+            held: 0,
+            order: HashMap::default(),
+        }
+    }
+}
+
+impl<R: Image> Planner<R> {
     /// Ends the table's current run: what comes after lands in later steps than everything
     /// held for it now. Always allowed (see the module docs); a caller that knows two
     /// spellings of one key may be held apart uses it before a partial image.
@@ -222,7 +282,7 @@ impl Planner {
 
     /// An empty planner.
     pub fn new() -> Self {
-        Planner::default()
+        Self::default()
     }
 
     /// Changes held (kept winners plus planned steps' rows): flush when it grows too large.
@@ -242,7 +302,7 @@ impl Planner {
     /// Adds one event for table `meta`, found at `at` (its images are moved, not copied).
     pub fn push(
         &mut self,
-        e: Event,
+        e: Event<R>,
         meta: &TableMeta,
         at: RecordPosition,
     ) -> Result<(), PlanError> {
@@ -269,7 +329,7 @@ impl Planner {
             Op::Delete => {
                 let before = e.before.as_ref().expect("the parser checked before");
                 let k = key_of(before, meta, "before")?;
-                let row = key_columns(before, meta);
+                let row = before.key_only(meta);
                 let change = Change {
                     rank,
                     row,
@@ -285,14 +345,10 @@ impl Planner {
                 if let (Op::Update, Some(before)) = (e.op, &e.before) {
                     // A key change: delete the old key first (a different key, so the order
                     // within the flush does not matter).
-                    if meta
-                        .key
-                        .iter()
-                        .all(|c| before.get(c).is_some_and(|v| !v.is_null()))
-                    {
+                    if meta.key.iter().all(|c| before.has_value(c)) {
                         let old = key_of(before, meta, "before")?;
                         if old != k {
-                            let row = key_columns(before, meta);
+                            let row = before.key_only(meta);
                             let change = Change {
                                 rank,
                                 row,
@@ -327,7 +383,7 @@ impl Planner {
         meta: &TableMeta,
         k: String,
         kind: Kind,
-        change: Change,
+        change: Change<R>,
         partial: bool,
         created: bool,
     ) {
@@ -380,18 +436,18 @@ impl Planner {
         let Some(keys) = self.tables.remove(table) else {
             return;
         };
-        let winners: Vec<Winner> = keys.into_iter().map(|(_, w)| w).collect();
+        let winners: Vec<Winner<R>> = keys.into_iter().map(|(_, w)| w).collect();
         self.plan(table, winners);
     }
 
     /// Steps for `winners` of `table` (given oldest first, as a table's map keeps them): its
     /// deletes, then its upserts by column set. Their rows stay counted in `held` until
     /// drained.
-    fn plan(&mut self, table: &str, winners: Vec<Winner>) {
+    fn plan(&mut self, table: &str, winners: Vec<Winner<R>>) {
         let mut deletes = Vec::new();
-        // Grouped by column set (a row's columns come sorted: `Row` is ordered by name); most
+        // Grouped by column set (a row's columns come sorted, see [`Image::names`]); most
         // tables have one or two sets, so a short list beats a map keyed by a copy of them.
-        let mut upserts: Vec<(Vec<String>, Vec<Change>)> = Vec::new();
+        let mut upserts: Vec<(Vec<String>, Vec<Change<R>>)> = Vec::new();
         let held = winners.len();
         // In log order: a winner moves to the back of its map when it is replaced, and events
         // come in log order (a key change gives a delete and an upsert of one position, which
@@ -407,16 +463,13 @@ impl Planner {
                         ..w.change
                     };
                     let row = &change.row;
-                    match upserts
-                        .iter_mut()
-                        .find(|(cols, _)| cols.iter().eq(row.keys()))
-                    {
+                    match upserts.iter_mut().find(|(cols, _)| row.same_names(cols)) {
                         Some((_, rows)) => rows.push(change),
                         None => {
                             // The first column set usually takes (nearly) every row.
                             let mut rows =
                                 Vec::with_capacity(if upserts.is_empty() { held } else { 0 });
-                            let columns = row.keys().cloned().collect();
+                            let columns = row.names().map(str::to_string).collect();
                             rows.push(change);
                             upserts.push((columns, rows));
                         }
@@ -442,7 +495,7 @@ impl Planner {
 
     /// Everything planned so far, in an order that gives the one-by-one result; the planner
     /// is empty afterwards.
-    pub fn drain(&mut self) -> Vec<Step> {
+    pub fn drain(&mut self) -> Vec<Step<R>> {
         self.drain_oldest(usize::MAX)
     }
 
@@ -453,9 +506,9 @@ impl Planner {
     /// is drained later. The other keys stay held, so their later events still fold into
     /// them: keeping a window of recent keys and sending the oldest writes each key once while
     /// it is busy.
-    pub fn drain_oldest(&mut self, n: usize) -> Vec<Step> {
+    pub fn drain_oldest(&mut self, n: usize) -> Vec<Step<R>> {
         let names: Vec<String> = self.tables.keys().cloned().collect();
-        let mut taken: Vec<Vec<Winner>> = names.iter().map(|_| Vec::new()).collect();
+        let mut taken: Vec<Vec<Winner<R>>> = names.iter().map(|_| Vec::new()).collect();
         // The tables by their oldest winner's place in the log.
         let mut fronts: std::collections::BinaryHeap<std::cmp::Reverse<(RecordPosition, usize)>> =
             names
@@ -506,13 +559,6 @@ impl Planner {
         self.held = self.held.saturating_sub(sent);
         out
     }
-}
-
-fn key_columns(row: &Row, meta: &TableMeta) -> Row {
-    meta.key
-        .iter()
-        .filter_map(|c| row.get(c).map(|v| (c.clone(), v.clone())))
-        .collect()
 }
 
 #[cfg(test)]

@@ -9,10 +9,10 @@
 //! slot is advanced only to the end of a transaction whose epoch the target committed.
 
 use crate::deliver::{self, Limits, Stop, Watch, Watched};
+use crate::outcome::{CliResult, Refused};
 use crate::pipe_args::{check_log_dir, parse_duration, PipeArgs};
 use crate::progress::plural;
 use crate::targets::Target;
-use crate::{CliResult, Refused};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

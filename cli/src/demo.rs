@@ -3,9 +3,9 @@
 //! random moments, restarts it each time, and finally checks that the target holds every
 //! input record exactly once.
 
+use crate::outcome::CliResult;
 use crate::pipe_args::PipeArgs;
 use crate::progress;
-use crate::CliResult;
 use clap::Args;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -110,7 +110,7 @@ fn claim_dir(dir: &Path) -> CliResult<()> {
             .next()
             .is_none();
         if !empty && !dir.join(DEMO_MARK).exists() {
-            return Err(crate::Refused(format!(
+            return Err(crate::outcome::Refused(format!(
                 "--dir {} is not empty and was not created by `walsink demo`; the demo replaces input.txt, wal/ and out/ in it, so give it an empty or new directory",
                 dir.display()
             ))

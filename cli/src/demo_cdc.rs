@@ -6,7 +6,7 @@
 //! replica equals the source both ways (`EXCEPT ALL`), and that the commit markers account
 //! for every captured event exactly once.
 
-use crate::CliResult;
+use crate::outcome::CliResult;
 use clap::Args;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};

@@ -22,13 +22,14 @@ macro_rules! outln {
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[cfg(feature = "cdc")]
 mod cdc;
 mod deliver;
 mod demo;
 #[cfg(feature = "cdc")]
 mod demo_cdc;
 mod logging;
+#[cfg(feature = "cdc")]
+mod outcome;
 mod pipe;
 mod pipe_args;
 mod progress;
@@ -40,6 +41,7 @@ mod targets;
 mod tools;
 
 use clap::{Parser, Subcommand};
+use outcome::{JsonShown, Refused};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -215,19 +217,6 @@ fn error_json(code: u8, kind: &str, message: &str, causes: &[String]) -> serde_j
     })
 }
 
-/// A failure whose JSON object the command already printed (its summary carries the error):
-/// the message still goes to stderr, and no second object to stdout.
-#[derive(Debug)]
-pub struct JsonShown(pub String);
-
-impl std::fmt::Display for JsonShown {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for JsonShown {}
-
 /// An error's message in the CLI's words: corruption advice names the command that fixes it.
 fn explain(e: &(dyn std::error::Error + 'static)) -> String {
     if let Some(w) = e.downcast_ref::<walsink::Error>() {
@@ -245,18 +234,6 @@ fn explain(e: &(dyn std::error::Error + 'static)) -> String {
     e.to_string()
 }
 
-/// An operation refused for a reason the user can act on (exit code 1).
-#[derive(Debug)]
-pub struct Refused(pub String);
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Refused {}
-
 fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
@@ -269,6 +246,3 @@ fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
     }
     false
 }
-
-/// The error type of the commands.
-pub type CliResult<T> = Result<T, Box<dyn std::error::Error>>;

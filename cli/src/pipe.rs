@@ -8,11 +8,12 @@
 //! further: records after it were never promised and are read again (file input).
 
 use crate::deliver::{self, Limits, StdoutSink, Stop, Watch, Watched};
+use crate::outcome::{CliResult, JsonShown, Refused};
 use crate::pipe_args::{absolute, check_log_dir, is_log, parse_sink, PipeArgs, SinkSpec};
 use crate::progress::{plural, Reporter, Snapshot};
 use crate::resume::{self, PipeMeta};
 use crate::source::{InputSpec, Next, Saved, Source, SourceMark};
-use crate::{stop, CliResult, JsonShown, Refused};
+use crate::stop;
 use serde_json::json;
 use std::path::Path;
 use std::process::ExitCode;

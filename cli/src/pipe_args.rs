@@ -1,7 +1,7 @@
 //! The arguments of `walsink pipe` and their checks: durations, sizes, the sink, the log
 //! directory. Every error names the argument and what was expected.
 
-use crate::CliResult;
+use crate::outcome::CliResult;
 use clap::Args;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

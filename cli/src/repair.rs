@@ -1,9 +1,9 @@
 //! `walsink repair`: cuts a torn tail; with `--force`, keeps the valid prefix of a corrupted
 //! log and sets the damaged part aside, and sets a damaged commit store aside and rebuilds it.
 
+use crate::outcome::CliResult;
 use crate::progress::plural;
 use crate::tools::storage;
-use crate::CliResult;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::ExitCode;

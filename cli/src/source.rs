@@ -13,7 +13,7 @@
 
 mod rotated;
 
-use crate::{CliResult, Refused};
+use crate::outcome::{CliResult, Refused};
 pub use rotated::FileId;
 use rotated::{parse_hex, read_prefix, unchanged_for, Found, Prefixed, Wanted, HEAD_BYTES};
 use std::fs::File;

@@ -3,9 +3,7 @@
 //! default). One seam for `pipe` and `inspect`: how to show the target without secrets, how
 //! to make its sink, and what the target itself says is committed.
 
-use crate::CliResult;
-use walsink::sinks::CommittedEpoch;
-use walsink::Sink;
+use crate::outcome::CliResult;
 
 #[cfg(feature = "http")]
 mod http;
@@ -17,62 +15,9 @@ mod nats;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+mod target;
 
-/// A URL target of `--sink`.
-pub(crate) trait Target {
-    /// The target for messages: the URL without its password.
-    fn shown(&self) -> String;
-
-    /// A sink delivering into the target (connects; errors name the target, not secrets).
-    fn open_sink(&self, sink_id: &str, subtask: u32) -> CliResult<Box<dyn Sink>>;
-
-    /// The epochs the target itself holds as committed for `(sink_id, subtask)`, with the
-    /// checkpoint metadata kept beside each marker, oldest first; `None` for a target that
-    /// keeps no marker (its exactly-once rests on idempotency keys).
-    fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>>;
-
-    /// Whether the target keeps only its newest commit marker, so that
-    /// [`Target::committed`] returns at most one epoch however many it holds.
-    fn keeps_newest_marker_only(&self) -> bool {
-        false
-    }
-
-    /// Lines about the target's own state for `walsink inspect --sink` (for example
-    /// transactions it holds prepared); none by default.
-    fn status(&self, sink_id: &str, subtask: u32) -> CliResult<Vec<String>> {
-        let _ = (sink_id, subtask);
-        Ok(Vec::new())
-    }
-}
-
-/// Runs a start-up call to a target again while it fails with a retryable error (a
-/// connection the server dropped, a restart under way), for up to 5 s with the project's
-/// backoff ([`walsink::RetryPolicy`], 50 ms to 1 s), so that a blip at start does not end the
-/// run; a permanent error, or one that lasts, is returned.
-pub(crate) fn retry_at_start<T>(
-    mut f: impl FnMut() -> Result<T, walsink::SinkError>,
-) -> Result<T, walsink::SinkError> {
-    let policy = walsink::RetryPolicy {
-        initial: std::time::Duration::from_millis(50),
-        max: std::time::Duration::from_secs(1),
-    };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let mut rng = fastrand::Rng::new();
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let wait = policy.delay(attempt, &mut rng);
-        match f() {
-            Err(e)
-                if e.class() == walsink::SinkErrorClass::Retryable
-                    && std::time::Instant::now() + wait < deadline =>
-            {
-                std::thread::sleep(wait)
-            }
-            other => return other,
-        }
-    }
-}
+pub(crate) use target::Target;
 
 /// The target for a `--sink` URL, or `None` when `spec` is not a URL this build knows.
 pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {

@@ -6,8 +6,8 @@
 //! stderr. A torn tail alone is what a live writer or a crash leaves: `verify` reports it
 //! (exit 1), `inspect` and `dump` note it and exit 0.
 
+use crate::outcome::{CliResult, Refused};
 use crate::progress::plural;
-use crate::{CliResult, Refused};
 use base64::Engine as _;
 use clap::Args;
 use serde_json::{json, Value};

@@ -3,8 +3,8 @@
 //! keeps no marker, so `pipe` resumes from its log alone, and a receiver that deduplicates by
 //! key holds every line once.
 
-use super::Target;
-use crate::CliResult;
+use super::target::{retry_at_start, Target};
+use crate::outcome::CliResult;
 use walsink::sinks::CommittedEpoch;
 use walsink::Sink;
 use walsink_http::{Config, HttpSink};
@@ -30,7 +30,7 @@ impl Target for Http {
         let sink =
             HttpSink::new(self.cfg.clone()).map_err(|e| format!("--sink {}: {e}", self.shown()))?;
         let mut sink = BlockingSink::new(sink)?;
-        super::retry_at_start(|| sink.block_on(async |s| s.connect().await))
+        retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot reach {}: {e}", self.shown()))?;
         Ok(Box::new(sink))
     }

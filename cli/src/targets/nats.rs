@@ -3,8 +3,8 @@
 //! stream within its duplicate window). The stream keeps no marker, so a run resumes from
 //! its log alone.
 
-use super::Target;
-use crate::CliResult;
+use super::target::{retry_at_start, Target};
+use crate::outcome::CliResult;
 use walsink::sinks::CommittedEpoch;
 use walsink::Sink;
 use walsink_nats::{Config, NatsSink};
@@ -27,7 +27,7 @@ impl Target for NatsTarget {
     fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
         let sink = NatsSink::new(self.config.clone()).map_err(|e| format!("--sink: {e}"))?;
         let mut sink = BlockingSink::new(sink)?;
-        super::retry_at_start(|| sink.block_on(async |s| s.connect().await))
+        retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot use {}: {e}", self.shown()))?;
         Ok(Box::new(sink))
     }

@@ -3,8 +3,8 @@
 //! and its commit marker, with the checkpoint's metadata in the marker, so `pipe` resumes from
 //! the table when the log was lost.
 
-use super::Target;
-use crate::CliResult;
+use super::target::{retry_at_start, Target};
+use crate::outcome::CliResult;
 use walsink::sinks::CommittedEpoch;
 use walsink::Sink;
 use walsink_postgres::{Config, Mode, PgSink};
@@ -38,7 +38,7 @@ impl Target for Postgres {
 
     fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
         let mut sink = self.sink()?;
-        super::retry_at_start(|| sink.block_on(async |s| s.connect().await))
+        retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()))?;
         Ok(Box::new(sink))
     }
@@ -47,7 +47,7 @@ impl Target for Postgres {
         let marker = self.config.marker_table.name().plain();
         let mut sink = self.sink()?;
         let markers =
-            super::retry_at_start(|| sink.block_on(async |s| s.committed(sink_id, subtask).await))
+            retry_at_start(|| sink.block_on(async |s| s.committed(sink_id, subtask).await))
                 .map_err(|e| format!("cannot read what {} holds: {e}", self.shown()))?;
         Ok(Some(
             markers

@@ -2,8 +2,8 @@
 //! exactly-once into Redis through `walsink-redis`, whose marker hash keeps each epoch's
 //! checkpoint metadata.
 
-use super::Target;
-use crate::CliResult;
+use super::target::{retry_at_start, Target};
+use crate::outcome::CliResult;
 use walsink::sinks::CommittedEpoch;
 use walsink::Sink;
 use walsink_redis::{Config, RedisSink};
@@ -32,7 +32,7 @@ impl Target for RedisTarget {
 
     fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
         let mut sink = self.sink()?;
-        super::retry_at_start(|| sink.block_on(async |s| s.connect().await))
+        retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot reach {}: {e}", self.shown()))?;
         Ok(Box::new(sink))
     }
@@ -44,7 +44,7 @@ impl Target for RedisTarget {
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
         let mut sink = self.sink()?;
         let newest =
-            super::retry_at_start(|| sink.block_on(async |s| s.committed(sink_id, subtask).await))
+            retry_at_start(|| sink.block_on(async |s| s.committed(sink_id, subtask).await))
                 .map_err(|e| format!("cannot read the marker in {}: {e}", self.shown()))?;
         Ok(Some(
             newest

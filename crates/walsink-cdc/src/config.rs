@@ -25,7 +25,7 @@ pub struct PgUrl {
 
 fn decode(s: &str, what: &str) -> Result<String, String> {
     use walsink_postgres::config::{decode_url_part, UrlPartError};
-    decode_url_part(s, what.starts_with("parameter")).map_err(|e| match e {
+    decode_url_part(s, false).map_err(|e| match e {
         UrlPartError::BadEscape => format!("bad percent-escape in the {what}"),
         UrlPartError::NotUtf8 => format!("the {what} is not UTF-8 once decoded"),
     })

@@ -157,7 +157,7 @@ fn pg_timeout(d: Duration, what: &str, s: &str) -> Result<Duration, ConfigError>
 }
 
 fn percent_decode(s: &str, what: &str) -> Result<String, ConfigError> {
-    decode_url_part(s, true).map_err(|e| match e {
+    decode_url_part(s, false).map_err(|e| match e {
         UrlPartError::BadEscape => ConfigError::new(format!("{what}: bad percent-escape in {s:?}")),
         UrlPartError::NotUtf8 => ConfigError::new(format!("{what}: {s:?} is not UTF-8")),
     })
@@ -173,8 +173,9 @@ pub enum UrlPartError {
 }
 
 /// Percent-decodes one part of a `postgres://` URL strictly (a `%` must start a two-digit hex
-/// escape), with `+` as a space where `plus_is_space` (query values). Shared with the change
-/// data capture crate's URL parser.
+/// escape). `+` stays a plus sign in every part of a URL, as libpq reads URIs (and as every
+/// walsink target reads its URL); `plus_is_space` is for form-encoded text only. Shared with
+/// the change data capture crate's URL parser.
 pub fn decode_url_part(s: &str, plus_is_space: bool) -> Result<String, UrlPartError> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -698,6 +699,14 @@ mod tests {
             e("postgres://u@h/d?table=t&idle_in_transaction_timeout=1000h")
                 .contains("idle_in_transaction_timeout=\"1000h\" is too long")
         );
+    }
+
+    #[test]
+    fn a_plus_in_a_query_value_stays_a_plus_as_libpq_reads_it() {
+        let e = Config::from_url("postgres://u@h/d?table=t&password_env=WALSINK_PG_SURELY+UNSET")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("WALSINK_PG_SURELY+UNSET"), "{e}");
     }
 
     #[test]

@@ -162,10 +162,13 @@ impl Config {
         url_password: Option<String>,
     ) -> Result<(), ConfigError> {
         let password_elsewhere = p.contains("password_file") || p.contains("password_env");
-        let token_elsewhere = p.contains("token_file") || p.contains("token_env");
-        if password_elsewhere && token_elsewhere {
+        let token_param = ["token_file", "token_env"]
+            .into_iter()
+            .find(|n| p.contains(n));
+        let token_elsewhere = token_param.is_some();
+        if let (true, Some(token_param)) = (password_elsewhere, token_param) {
             return Err(bad(
-                "token_file",
+                token_param,
                 "give a user and password or a token, not both",
             ));
         }
@@ -317,6 +320,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_token_beside_a_password_names_the_token_parameter_given() {
+        let e =
+            Config::from_url("nats://u@h:4222/?stream=s&subject=x&password_file=/p&token_env=T")
+                .unwrap_err();
+        assert_eq!(e.parameter, "token_env", "{e}");
+    }
+
+    #[test]
     fn a_full_url_parses() {
         let c = Config::from_url(
             "nats://bob:p%40ss@localhost:4223/?stream=ORDERS&subject=orders.in&create=true&in_flight=8&timeout=2s",
@@ -451,7 +462,7 @@ mod tests {
             ),
             (
                 format!("nats://u@h/?stream=S&subject=a&token_env={var}&password_env={var}"),
-                "token_file",
+                "token_env",
             ),
             (
                 "nats://u@h/?stream=S&subject=a&password_env=WALSINK_NATS_SURELY_UNSET".into(),

@@ -1265,7 +1265,7 @@ fn read(
         .iter()
         .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
     {
-        if let Some(e) = crate::image::parse(record, position) {
+        if let Some(e) = crate::read::parse(record, position) {
             return Ok(e);
         }
     }

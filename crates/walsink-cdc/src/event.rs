@@ -297,7 +297,7 @@ pub(crate) mod quick {
     use serde_json::Value;
     use std::borrow::Cow;
 
-    /// An event's fields, its images read as `I`: [`Image`] (a [`Row`]) or [`Spans`].
+    /// An event's fields, its images read as `I`: [`Image`] (a [`Row`]) or the sink's spans (`crate::read::Spans`).
     #[derive(Deserialize)]
     #[serde(bound(deserialize = "I: Deserialize<'de>"))]
     struct Envelope<'a, I> {
@@ -395,7 +395,7 @@ pub(crate) mod quick {
     }
 
     /// The JSON value `raw` holds, as `Value`'s own reading gives it.
-    fn value(raw: &RawValue) -> Result<Value, serde_json::Error> {
+    pub(crate) fn value(raw: &RawValue) -> Result<Value, serde_json::Error> {
         let text = raw.get();
         match text.as_bytes().first() {
             Some(b'"') => {
@@ -421,53 +421,6 @@ pub(crate) mod quick {
 
     fn none<I>() -> Option<I> {
         None
-    }
-
-    /// A row image as its columns' names and JSON texts, borrowed from the record: the
-    /// sink's own reading ([`crate::image::Img`]), which builds no JSON value for a string
-    /// without escapes, a plain integer or `null`. A name with escapes fails it (the record is
-    /// then read the general way). Every other value is read here as [`Row`] reads it, so
-    /// what is refused is refused here too.
-    pub(crate) struct Spans<'a>(pub(crate) Vec<(&'a str, crate::image::Val<&'a str>)>);
-
-    impl<'de> Deserialize<'de> for Spans<'de> {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Spans<'de>, D::Error> {
-            struct Visit;
-            impl<'de> serde::de::Visitor<'de> for Visit {
-                type Value = Spans<'de>;
-                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                    f.write_str("a row image")
-                }
-                fn visit_map<A: serde::de::MapAccess<'de>>(
-                    self,
-                    mut map: A,
-                ) -> Result<Spans<'de>, A::Error> {
-                    use crate::image::Val;
-                    let mut cols = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                    while let Some(column) = map.next_key::<&'de str>()? {
-                        let raw: &'de RawValue = map.next_value()?;
-                        let text = raw.get();
-                        let val = match text.as_bytes().first() {
-                            Some(b'"')
-                                if text.len() >= 2
-                                    && text.ends_with('"')
-                                    && !text[1..text.len() - 1].contains('\\') =>
-                            {
-                                Val::Str(&text[1..text.len() - 1])
-                            }
-                            Some(b'-' | b'0'..=b'9') if crate::columns::plain_integer(text) => {
-                                Val::Int(text)
-                            }
-                            Some(b'n') if text == "null" => Val::Null,
-                            _ => Val::Json(Box::new(value(raw).map_err(serde::de::Error::custom)?)),
-                        };
-                        cols.push((column, val));
-                    }
-                    Ok(Spans(cols))
-                }
-            }
-            d.deserialize_map(Visit)
-        }
     }
 
     fn present<'de, D: serde::Deserializer<'de>>(

@@ -9,7 +9,7 @@
 //! epoch may hold both.
 
 use crate::columns::ColumnKind;
-use crate::event::{Event, PositionField, Row};
+use crate::event::Row;
 use crate::plan::{Image, TableMeta};
 use bytes::Bytes;
 use serde_json::Value;
@@ -235,50 +235,6 @@ impl Image for Img {
     }
 }
 
-/// Reads one record the sink's own way; `None` when it is not one of the common shapes
-/// (then [`crate::event::parse`] reads it, and gives the same event where both answer).
-pub(crate) fn parse(record: &Bytes, field: &PositionField) -> Option<Option<Event<Img>>> {
-    if u32::try_from(record.len()).is_err() || !crate::event::quick::usable(record, field) {
-        return None;
-    }
-    let text = std::str::from_utf8(record).ok()?;
-    if let Some(e) = crate::scan::scan(record, text) {
-        return Some(e);
-    }
-    let e = crate::event::quick::parse_text_as::<crate::event::quick::Spans>(text, field)?;
-    let Some(e) = e else { return Some(None) };
-    let base = text.as_ptr() as usize;
-    let at = |s: &str| {
-        let a = s.as_ptr() as usize - base;
-        (a as u32, (a + s.len()) as u32)
-    };
-    let img = |spans: crate::event::quick::Spans| {
-        let cols: Vec<Spanned> = spans
-            .0
-            .into_iter()
-            .map(|(n, v)| {
-                let v = match v {
-                    Val::Str(s) => Val::Str(at(s)),
-                    Val::Int(s) => Val::Int(at(s)),
-                    Val::Null => Val::Null,
-                    Val::Json(v) => Val::Json(v),
-                };
-                (at(n), v)
-            })
-            .collect();
-        sorted(record, cols)
-    };
-    Some(Some(Event {
-        op: e.op,
-        db: e.db,
-        schema: e.schema,
-        table: e.table,
-        position: e.position,
-        before: e.before.map(img),
-        after: e.after.map(img),
-    }))
-}
-
 /// The image of `cols` (spans of `record`, in the order read): sorted by name, and of a name
 /// given twice the last value kept, as `Row` keeps it (a stable sort keeps equal names in the
 /// order read).
@@ -365,55 +321,4 @@ impl tokio_postgres::types::ToSql for TextArray {
     }
 
     tokio_postgres::types::to_sql_checked!();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plan::key_of;
-
-    /// The sink's own reading gives the images the general one gives, and the same keys.
-    #[test]
-    fn spans_read_as_rows_read() {
-        let f = PositionField::default();
-        let meta = TableMeta {
-            name: "t".into(),
-            columns: vec!["a".into(), "b".into(), "id".into()],
-            key: vec!["id".into()],
-        };
-        for image in [
-            r#"{"id": 1, "b": "x", "a": null}"#,
-            r#"{"id": "7", "b": 1.50, "a": [1, {"h": null}]}"#,
-            r#"{"id": -12, "b": "x\"y\u00e9", "a": true, "b": "again"}"#,
-            r#"{"id": 12345678901234567890123, "a": 1e3, "b": -0}"#,
-            r#"{"b": "", "id": 0, "a": {"z": 1, "y": "2"}}"#,
-        ] {
-            let record = format!(
-                r#"{{"before": null, "after": {image}, "source": {{"table": "t", "lsn": 5}}, "op": "c"}}"#
-            );
-            let lean = parse(&Bytes::from(record.clone()), &f).unwrap().unwrap();
-            let general = crate::event::parse(record.as_bytes(), &f).unwrap().unwrap();
-            let (l, g) = (lean.after.unwrap(), general.after.unwrap());
-            assert_eq!(l.to_row(), g, "{image}");
-            assert_eq!(key_of(&l, &meta, "after"), key_of(&g, &meta, "after"));
-            assert!(l.names().eq(g.names()), "{image}");
-            for c in ["a", "b", "id"] {
-                let kind = ColumnKind::Text("text".into());
-                assert_eq!(
-                    l.get(c).and_then(|v| v.text(&kind)).map(Cow::into_owned),
-                    kind.text(g.get(c)),
-                    "{image} {c}"
-                );
-                let json = ColumnKind::Json("jsonb::jsonb".into());
-                assert_eq!(
-                    l.get(c).and_then(|v| v.text(&json)).map(Cow::into_owned),
-                    json.text(g.get(c)),
-                    "{image} {c}"
-                );
-            }
-        }
-        // A name with an escape: read the general way.
-        let record = r#"{"after": {"i\u0064": 1}, "source": {"table": "t", "lsn": 5}, "op": "c"}"#;
-        assert!(parse(&Bytes::from(record), &f).is_none());
-    }
 }

@@ -26,6 +26,7 @@ pub mod event;
 mod image;
 pub mod pgoutput;
 pub mod plan;
+mod read;
 mod scan;
 pub mod shape;
 

@@ -49,9 +49,9 @@ pub(crate) fn step(d: &mut Deliverer, sink: &mut dyn Sink, ahead: &mut Ahead) ->
         Plan::Committed(id) => return Ok(Step::Done(id)),
         Plan::Due(t) => t,
     };
-    let id = t.checkpoint();
+    let id = t.pending().checkpoint();
     if sink.stores_marker() {
-        match guarded(|| sink.is_committed(t.key())) {
+        match guarded(|| sink.is_committed(t.pending().key())) {
             Ok(true) => {
                 d.skip(t)?;
                 return Ok(Step::Done(id));
@@ -69,11 +69,11 @@ pub(crate) fn step(d: &mut Deliverer, sink: &mut dyn Sink, ahead: &mut Ahead) ->
     } = d.load(t, mine)?;
     let _span = tracing::info_span!(
         "deliver",
-        sink_id = %landing.key().sink_id,
-        subtask = landing.key().subtask,
+        sink_id = %landing.pending().key().sink_id,
+        subtask = landing.pending().key().subtask,
         checkpoint = id,
-        records = landing.records(),
-        bytes = landing.bytes(),
+        records = landing.pending().records(),
+        bytes = landing.pending().bytes(),
     )
     .entered();
     let deliver = |sink: &mut dyn Sink| {

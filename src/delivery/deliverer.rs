@@ -457,24 +457,9 @@ pub struct Turn {
 }
 
 impl Turn {
-    /// Sink id, subtask and checkpoint id of the epoch.
-    pub fn key(&self) -> &EpochKey {
-        self.p.key()
-    }
-
-    /// The checkpoint id.
-    pub fn checkpoint(&self) -> u64 {
-        self.p.checkpoint()
-    }
-
-    /// Number of records.
-    pub fn records(&self) -> u64 {
-        self.p.records()
-    }
-
-    /// Payload bytes.
-    pub fn bytes(&self) -> u64 {
-        self.p.bytes()
+    /// The epoch that is due (its key, checkpoint id, records and bytes).
+    pub fn pending(&self) -> &Pending {
+        &self.p
     }
 
     /// The read ahead a driver holds in `held` (tagged with its checkpoint id), for this
@@ -484,8 +469,8 @@ impl Turn {
     /// or a handle to a read under way).
     pub fn take_ahead<T>(&self, held: &mut Option<(u64, T)>) -> Option<T> {
         match held.take() {
-            Some((id, a)) if id == self.checkpoint() => Some(a),
-            Some((id, a)) if id > self.checkpoint() => {
+            Some((id, a)) if id == self.p.checkpoint() => Some(a),
+            Some((id, a)) if id > self.p.checkpoint() => {
                 *held = Some((id, a));
                 None
             }
@@ -516,24 +501,9 @@ pub struct Loaded {
 pub struct Landing(Pending);
 
 impl Landing {
-    /// Sink id, subtask and checkpoint id of the epoch.
-    pub fn key(&self) -> &EpochKey {
-        self.0.key()
-    }
-
-    /// The checkpoint id.
-    pub fn checkpoint(&self) -> u64 {
-        self.0.checkpoint()
-    }
-
-    /// Number of records.
-    pub fn records(&self) -> u64 {
-        self.0.records()
-    }
-
-    /// Payload bytes.
-    pub fn bytes(&self) -> u64 {
-        self.0.bytes()
+    /// The epoch loaded (its key, checkpoint id, records and bytes).
+    pub fn pending(&self) -> &Pending {
+        &self.0
     }
 }
 

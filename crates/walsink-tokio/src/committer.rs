@@ -76,7 +76,7 @@ async fn step<S: AsyncSink>(
         Ok(Plan::Due(t)) => t,
     };
     if sink.stores_marker() {
-        match guarded(|| sink.is_committed(t.key())).await {
+        match guarded(|| sink.is_committed(t.pending().key())).await {
             Ok(true) => {
                 let (d, r) = blocking(d, move |d| d.skip(t)).await;
                 return (d, r.map(|()| Step::Done));
@@ -106,11 +106,11 @@ async fn step<S: AsyncSink>(
     };
     let span = tracing::info_span!(
         "deliver",
-        sink_id = %landing.key().sink_id,
-        subtask = landing.key().subtask,
-        checkpoint = landing.checkpoint(),
-        records = landing.records(),
-        bytes = landing.bytes(),
+        sink_id = %landing.pending().key().sink_id,
+        subtask = landing.pending().key().subtask,
+        checkpoint = landing.pending().checkpoint(),
+        records = landing.pending().records(),
+        bytes = landing.pending().bytes(),
     );
     let marking = mark.map(|due| tokio::task::spawn_blocking(move || due.run()));
     if let Some(next) = next {

@@ -48,8 +48,10 @@ pub enum FullPolicy {
     Reject,
 }
 
-/// Exponential backoff with full jitter, for sink and commit-store retries.
+/// Exponential backoff with full jitter, for sink and commit-store retries. Build with
+/// [`RetryPolicy::new`] or [`RetryPolicy::default`]; fields may be added.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// First delay. Default 10 ms.
     pub initial: Duration,
@@ -67,21 +69,41 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// A policy whose first delay is at most `initial` and whose delays never exceed `max`.
+    pub fn new(initial: Duration, max: Duration) -> RetryPolicy {
+        RetryPolicy { initial, max }
+    }
+
     /// The delay before retry number `attempt` (1-based): a uniformly random duration between
-    /// zero and `min(max, initial * 2^(attempt-1))` ("full jitter").
-    pub fn delay(&self, attempt: u32, rng: &mut fastrand::Rng) -> Duration {
-        let cap = self
-            .initial
+    /// zero and [`RetryPolicy::cap`] ("full jitter"), drawn from a thread-local generator.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        self.delay_from(attempt, fastrand::u64(..))
+    }
+
+    /// The delay before retry number `attempt` for a given uniformly random `random` (any
+    /// `u64`; `0` gives no delay, `u64::MAX` the cap): [`RetryPolicy::delay`] with the caller's
+    /// own randomness, for a deterministic schedule.
+    pub fn delay_from(&self, attempt: u32, random: u64) -> Duration {
+        let nanos = self.cap(attempt).as_nanos().min(u64::MAX as u128) as u64;
+        // random * nanos / u64::MAX, without overflow: uniform over 0..=nanos.
+        let scaled = (u128::from(random) * u128::from(nanos)) / u128::from(u64::MAX);
+        Duration::from_nanos(scaled as u64)
+    }
+
+    /// The longest delay before retry number `attempt` (1-based):
+    /// `min(max, initial * 2^(attempt-1))`.
+    pub fn cap(&self, attempt: u32) -> Duration {
+        self.initial
             .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
-            .min(self.max);
-        let nanos = cap.as_nanos().min(u64::MAX as u128) as u64;
-        Duration::from_nanos(rng.u64(0..=nanos))
+            .min(self.max)
     }
 }
 
 /// Options of a log. Build with [`Options::new`] and the setters; every field documents its
-/// default.
+/// default. Fields may be added in any release: read and set them, but build the value with
+/// [`Options::new`].
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Options {
     /// Stable identity of the sink, chosen by the embedder and stored in the directory:
     /// 1 to 64 characters of `A-Z a-z 0-9 . _ -`. Opening with another id is an error. No default.
@@ -370,13 +392,19 @@ mod tests {
             initial: Duration::from_millis(10),
             max: Duration::from_millis(100),
         };
-        let mut rng = fastrand::Rng::with_seed(1);
         for attempt in 1..40 {
-            let d = p.delay(attempt, &mut rng);
+            let d = p.delay(attempt);
             assert!(d <= Duration::from_millis(100));
             if attempt == 1 {
                 assert!(d <= Duration::from_millis(10));
             }
         }
+        assert_eq!(p.cap(1), Duration::from_millis(10));
+        assert_eq!(p.cap(3), Duration::from_millis(40));
+        assert_eq!(p.cap(39), Duration::from_millis(100));
+        assert_eq!(p.delay_from(3, 0), Duration::ZERO);
+        assert_eq!(p.delay_from(3, u64::MAX), Duration::from_millis(40));
+        let half = p.delay_from(3, u64::MAX / 2);
+        assert!(half > Duration::from_millis(19) && half < Duration::from_millis(21));
     }
 }

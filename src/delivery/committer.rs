@@ -159,7 +159,6 @@ pub(crate) fn spawn<S: Sink + 'static>(log: Arc<dyn DeliveryLog>, sink: S) -> Re
 fn run<S: Sink>(mut d: Deliverer, mut sink: S, stop: &AtomicBool) {
     let log = d.log().clone();
     let mut attempt = 0u32;
-    let mut rng = fastrand::Rng::new();
     let mut ahead = None;
     while !stop.load(Ordering::Acquire) {
         match step(&mut d, &mut sink, &mut ahead) {
@@ -168,7 +167,7 @@ fn run<S: Sink>(mut d: Deliverer, mut sink: S, stop: &AtomicBool) {
             Err(e) => {
                 attempt = attempt.saturating_add(1);
                 d.note_error(&e, attempt);
-                let delay = d.retry_delay(&e, attempt, &mut rng);
+                let delay = d.retry_delay(&e, attempt);
                 tracing::warn!(error = %e, attempt, ?delay, "delivery failed; retrying");
                 log.pause(stop, delay);
             }

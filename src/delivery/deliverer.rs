@@ -348,14 +348,14 @@ impl Deliverer {
     /// How long to wait before retrying after `e` at try `attempt` (from 1): exponential
     /// backoff with full jitter ([`Options::retry`](crate::Options::retry)), the longest delay
     /// after a permanent sink error (an operator has to act; retrying fast does not help).
-    pub fn retry_delay(&self, e: &Error, attempt: u32, rng: &mut fastrand::Rng) -> Duration {
+    pub fn retry_delay(&self, e: &Error, attempt: u32) -> Duration {
         let retry = self.shared.retry_policy();
         let permanent =
             matches!(e.kind(), ErrorKind::Sink(s) if s.class() == SinkErrorClass::Permanent);
         if permanent {
             retry.max
         } else {
-            retry.delay(attempt, rng)
+            retry.delay(attempt)
         }
     }
 

@@ -109,10 +109,10 @@ fn sim_options(rng: &mut fastrand::Rng) -> Options {
         .max_metadata_size(64)
         .mark_every(rng.usize(1..=3))
         .recycle_segments(rng.bool())
-        .retry(RetryPolicy {
-            initial: Duration::from_millis(1),
-            max: Duration::from_millis(1),
-        })
+        .retry(RetryPolicy::new(
+            Duration::from_millis(1),
+            Duration::from_millis(1),
+        ))
         .write_buffer_size(rng.usize(64..4096))
         // Small chunks, so that epochs are read in several (frames cut at chunk ends).
         .read_chunk_size(rng.usize(1024..8192))

@@ -173,10 +173,7 @@ fn big(cp: u64) -> Spec {
 }
 
 fn fast_retry() -> RetryPolicy {
-    RetryPolicy {
-        initial: Duration::from_millis(1),
-        max: Duration::from_millis(4),
-    }
+    RetryPolicy::new(Duration::from_millis(1), Duration::from_millis(4))
 }
 
 fn opts(chunk: usize) -> Options {
@@ -2459,10 +2456,10 @@ fn memory_sync_drivers_failing_calls_do_not_pile_reads_ahead_up() {
         .segment_size(32 << 20)
         .max_record_size(1 << 20)
         .recycle_segments(false)
-        .retry(RetryPolicy {
-            initial: Duration::from_millis(1),
-            max: Duration::from_millis(2),
-        });
+        .retry(RetryPolicy::new(
+            Duration::from_millis(1),
+            Duration::from_millis(2),
+        ));
     let (wal, _) = WalSink::open(dir.path().join("wal"), o).unwrap();
     seal(&wal, &tiny(1));
     seal(

@@ -28,10 +28,10 @@ fn opts(name: &str, seg: u64, max_free: usize, recycle: bool, mark_every: usize)
         .max_metadata_size(256)
         .recycle_segments(recycle)
         .mark_every(mark_every)
-        .retry(RetryPolicy {
-            initial: Duration::from_millis(1),
-            max: Duration::from_millis(10),
-        });
+        .retry(RetryPolicy::new(
+            Duration::from_millis(1),
+            Duration::from_millis(10),
+        ));
     o.max_free_segments = max_free;
     o
 }

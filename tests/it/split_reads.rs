@@ -111,10 +111,7 @@ fn sizes(rng: &mut fastrand::Rng, total: usize, big: bool) -> Vec<usize> {
 }
 
 fn fast_retry() -> RetryPolicy {
-    RetryPolicy {
-        initial: Duration::from_millis(1),
-        max: Duration::from_millis(5),
-    }
+    RetryPolicy::new(Duration::from_millis(1), Duration::from_millis(5))
 }
 
 fn opts(chunk: usize, segment: u64, seed: u64) -> Options {

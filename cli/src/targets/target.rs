@@ -39,16 +39,15 @@ pub(crate) trait Target {
 pub(crate) fn retry_at_start<T>(
     mut f: impl FnMut() -> Result<T, walsink::SinkError>,
 ) -> Result<T, walsink::SinkError> {
-    let policy = walsink::RetryPolicy {
-        initial: std::time::Duration::from_millis(50),
-        max: std::time::Duration::from_secs(1),
-    };
+    let policy = walsink::RetryPolicy::new(
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(1),
+    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let mut rng = fastrand::Rng::new();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let wait = policy.delay(attempt, &mut rng);
+        let wait = policy.delay(attempt);
         match f() {
             Err(e)
                 if e.class() == walsink::SinkErrorClass::Retryable

@@ -46,10 +46,10 @@ fn opts(sid: &str) -> Options {
         .max_record_size(1 << 20)
         // Small read chunks: records of one body come from several read buffers.
         .read_chunk_size(8192)
-        .retry(RetryPolicy {
-            initial: Duration::from_millis(2),
-            max: Duration::from_millis(50),
-        })
+        .retry(RetryPolicy::new(
+            Duration::from_millis(2),
+            Duration::from_millis(50),
+        ))
 }
 
 /// Random records; `newlines` puts `\n` in some of them, backslashes always.

@@ -263,7 +263,6 @@ async fn run<S: AsyncSink>(
 ) -> Deliverer {
     use std::sync::atomic::Ordering;
     let mut attempt = 0u32;
-    let mut rng = fastrand::Rng::new();
     let mut ahead = None;
     while !*stop.borrow() {
         busy.store(true, Ordering::Release);
@@ -285,7 +284,7 @@ async fn run<S: AsyncSink>(
             Err(e) => {
                 attempt = attempt.saturating_add(1);
                 d.note_error(&e, attempt);
-                let delay = d.retry_delay(&e, attempt, &mut rng);
+                let delay = d.retry_delay(&e, attempt);
                 tracing::warn!(error = %e, attempt, ?delay, "delivery failed; retrying");
                 tokio::select! {
                     _ = stop.changed() => {}

@@ -67,10 +67,10 @@ fn opts(sink_id: &str, subtask: u32) -> Options {
         .max_record_size(64 << 10)
         .max_metadata_size(1 << 10)
         .read_chunk_size(4096)
-        .retry(RetryPolicy {
-            initial: Duration::from_millis(5),
-            max: Duration::from_millis(200),
-        })
+        .retry(RetryPolicy::new(
+            Duration::from_millis(5),
+            Duration::from_millis(200),
+        ))
 }
 
 struct Log {

@@ -13,10 +13,10 @@ pub fn opts() -> Options {
         .segment_size(4096)
         .max_record_size(512)
         .max_metadata_size(256)
-        .retry(RetryPolicy {
-            initial: Duration::from_millis(1),
-            max: Duration::from_millis(10),
-        })
+        .retry(RetryPolicy::new(
+            Duration::from_millis(1),
+            Duration::from_millis(10),
+        ))
 }
 
 pub fn rec(ck: u64, i: u64) -> Vec<u8> {

@@ -64,10 +64,10 @@ pub fn durable(sink: &str, seg: u64, recycle: bool) -> Options {
         .max_record_size((seg / 4) as usize)
         .max_metadata_size(256)
         .recycle_segments(recycle)
-        .retry(walsink::RetryPolicy {
-            initial: Duration::from_millis(1),
-            max: Duration::from_millis(50),
-        })
+        .retry(walsink::RetryPolicy::new(
+            Duration::from_millis(1),
+            Duration::from_millis(50),
+        ))
 }
 
 pub fn wseg_files(dir: &Path) -> Vec<(String, u64)> {

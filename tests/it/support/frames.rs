@@ -30,10 +30,7 @@ pub fn rec(ck: u64, i: u64, len: usize) -> Vec<u8> {
 }
 
 pub fn fast_retry() -> RetryPolicy {
-    RetryPolicy {
-        initial: Duration::from_millis(1),
-        max: Duration::from_millis(5),
-    }
+    RetryPolicy::new(Duration::from_millis(1), Duration::from_millis(5))
 }
 
 pub fn small_opts(sink: &str, segment: u64, chunk: usize, max_record: usize) -> Options {

@@ -14,10 +14,10 @@ pub fn opts(sink: &str) -> Options {
         .segment_size(64 << 10)
         .max_record_size(4 << 10)
         .max_metadata_size(1 << 10)
-        .retry(RetryPolicy {
-            initial: std::time::Duration::from_millis(1),
-            max: std::time::Duration::from_millis(20),
-        })
+        .retry(RetryPolicy::new(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(20),
+        ))
 }
 
 pub fn open_sim(sim: &SimStorage, o: Options) -> WalSink {

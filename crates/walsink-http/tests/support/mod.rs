@@ -21,10 +21,10 @@ pub fn open(sink_id: &str) -> Log {
             .segment_size(4 << 20)
             .max_record_size(64 << 10)
             .read_chunk_size(4096)
-            .retry(RetryPolicy {
-                initial: Duration::from_millis(5),
-                max: Duration::from_millis(100),
-            }),
+            .retry(RetryPolicy::new(
+                Duration::from_millis(5),
+                Duration::from_millis(100),
+            )),
         Box::new(MemoryCommitStore::new()),
     )
     .unwrap();

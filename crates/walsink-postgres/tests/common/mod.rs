@@ -85,10 +85,10 @@ pub fn opts(sink_id: &str) -> Options {
         .segment_size(8 << 20)
         .max_record_size(1 << 20)
         .read_chunk_size(64 << 10)
-        .retry(RetryPolicy {
-            initial: Duration::from_millis(10),
-            max: Duration::from_millis(300),
-        })
+        .retry(RetryPolicy::new(
+            Duration::from_millis(10),
+            Duration::from_millis(300),
+        ))
 }
 
 /// A log in a temporary directory.

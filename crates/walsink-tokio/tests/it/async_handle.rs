@@ -376,10 +376,10 @@ async fn epochs_read_ahead_arrive_whole_once_and_in_order_through_failures() {
             Options::new("ahead")
                 .segment_size(1 << 20)
                 .max_record_size(4 << 10)
-                .retry(walsink::RetryPolicy {
-                    initial: Duration::from_millis(1),
-                    max: Duration::from_millis(5),
-                }),
+                .retry(walsink::RetryPolicy::new(
+                    Duration::from_millis(1),
+                    Duration::from_millis(5),
+                )),
         )
         .unwrap();
         let wal = Arc::new(wal);
@@ -555,10 +555,10 @@ impl AsyncSink for PanicsUntilHealed {
 }
 
 fn fast_retries(id: &str) -> Options {
-    Options::new(id).retry(walsink::RetryPolicy {
-        initial: Duration::from_millis(1),
-        max: Duration::from_millis(20),
-    })
+    Options::new(id).retry(walsink::RetryPolicy::new(
+        Duration::from_millis(1),
+        Duration::from_millis(20),
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -157,10 +157,10 @@ fn opts(chunk: usize) -> Options {
         .segment_size(4 << 20)
         .max_record_size(1 << 20)
         .read_chunk_size(chunk)
-        .retry(RetryPolicy {
-            initial: Duration::from_millis(1),
-            max: Duration::from_millis(4),
-        })
+        .retry(RetryPolicy::new(
+            Duration::from_millis(1),
+            Duration::from_millis(4),
+        ))
 }
 
 fn open(sim: &SimStorage, o: Options) -> Arc<WalSink> {
@@ -893,10 +893,10 @@ fn seven_mib_log(dir: &std::path::Path) -> Arc<WalSink> {
         .segment_size(32 << 20)
         .max_record_size(1 << 20)
         .recycle_segments(false)
-        .retry(RetryPolicy {
-            initial: Duration::from_millis(1),
-            max: Duration::from_millis(2),
-        });
+        .retry(RetryPolicy::new(
+            Duration::from_millis(1),
+            Duration::from_millis(2),
+        ));
     let wal = Arc::new(WalSink::open(dir.join("wal"), o).unwrap().0);
     seal(&wal, &tiny(1));
     seal(

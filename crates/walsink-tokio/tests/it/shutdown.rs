@@ -90,10 +90,7 @@ async fn shutdown_of_a_committer_backing_off_from_a_failing_sink_returns_by_the_
     let hour = Duration::from_secs(3600);
     let (wal, _) = AsyncWal::open(
         dir.path(),
-        Options::new("sd-fail").retry(RetryPolicy {
-            initial: hour,
-            max: hour,
-        }),
+        Options::new("sd-fail").retry(RetryPolicy::new(hour, hour)),
     )
     .await
     .unwrap();

@@ -47,10 +47,7 @@ pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// Options with fast retries, so that failing sinks are retried quickly.
 pub fn opts(id: &str) -> Options {
-    Options::new(id).retry(RetryPolicy {
-        initial: ms(1),
-        max: ms(20),
-    })
+    Options::new(id).retry(RetryPolicy::new(ms(1), ms(20)))
 }
 
 pub fn rec(cp: u64, i: usize) -> Vec<u8> {

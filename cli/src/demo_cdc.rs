@@ -154,7 +154,7 @@ pub fn run(args: CdcDemoArgs) -> CliResult<ExitCode> {
         .enable_all()
         .build()?;
     note("demo cdc: starting a private PostgreSQL cluster with wal_level=logical".into());
-    let pg = walsink_postgres::testkit::Cluster::start(&[
+    let pg = walsink_postgres::private_cluster::Cluster::start(&[
         ("wal_level", "logical"),
         ("max_replication_slots", "4"),
         ("max_wal_senders", "4"),

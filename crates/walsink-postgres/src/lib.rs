@@ -30,10 +30,17 @@ mod failpoint;
 pub mod mapping;
 pub mod marker;
 pub mod pgpass;
+#[cfg(feature = "private-cluster")]
+pub mod private_cluster;
 mod sink;
 pub mod table;
+
+/// The [`private_cluster`] under its test-kit name (feature `testkit`), as the tests of this
+/// and the other target crates use it.
 #[cfg(feature = "testkit")]
-pub mod testkit;
+pub mod testkit {
+    pub use crate::private_cluster::*;
+}
 pub mod tls;
 
 pub use config::{Config, Mode, SslMode};

@@ -1,6 +1,7 @@
-//! A private PostgreSQL cluster for tests that need settings the shared server does not have
+//! A private, throwaway PostgreSQL cluster (feature `private-cluster`; also as `testkit`): for
+//! the CLI's `demo cdc`, and for tests that need settings a shared server does not have
 //! (`max_prepared_transactions > 0`, `wal_level = logical`) or that stop and restart the
-//! server (feature `testkit`).
+//! server.
 //!
 //! [`Cluster::start`] runs `initdb` and `pg_ctl` from the installed PostgreSQL binaries as the
 //! `postgres` OS user (through `runuser` when the test runs as root), in a temporary
@@ -10,7 +11,7 @@
 //!
 //! ```no_run
 //! # fn main() -> std::io::Result<()> {
-//! let pg = walsink_postgres::testkit::Cluster::start(&[("max_prepared_transactions", "10")])?;
+//! let pg = walsink_postgres::private_cluster::Cluster::start(&[("max_prepared_transactions", "10")])?;
 //! let url = pg.url("postgres"); // postgres://postgres@127.0.0.1:PORT/postgres
 //! # Ok(()) }
 //! ```

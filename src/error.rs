@@ -395,6 +395,7 @@ pub struct Damage {
 
 /// How the committer should treat a sink error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SinkErrorClass {
     /// A passing failure (timeout, connection refused): retry with exponential backoff.
     Retryable,
@@ -408,6 +409,7 @@ pub enum SinkErrorClass {
 pub struct SinkError {
     class: SinkErrorClass,
     message: String,
+    code: Option<Box<str>>,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
@@ -417,6 +419,7 @@ impl SinkError {
         SinkError {
             class: SinkErrorClass::Retryable,
             message: message.into(),
+            code: None,
             source: None,
         }
     }
@@ -426,6 +429,7 @@ impl SinkError {
         SinkError {
             class: SinkErrorClass::Permanent,
             message: message.into(),
+            code: None,
             source: None,
         }
     }
@@ -442,6 +446,27 @@ impl SinkError {
     /// Retryable or permanent.
     pub fn class(&self) -> SinkErrorClass {
         self.class
+    }
+
+    /// Attaches the target's own code for the failure, as the target spells it: a SQLSTATE
+    /// (`23514`), a MySQL error number (`1406`), an HTTP status (`422`), a Redis error prefix
+    /// (`WRONGTYPE`). Classification by code belongs to the target's mapping; the code is kept
+    /// so that what comes after (the command line's report, a dead-letter record) can name it
+    /// without reading it back out of the message.
+    pub fn with_code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into().into_boxed_str());
+        self
+    }
+
+    /// The target's own code for the failure, when the target named one (see
+    /// [`SinkError::with_code`]).
+    pub fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// The message, without the class that `Display` adds.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 
     /// A sink that panicked, from the panic's payload (what `std::panic::catch_unwind`
@@ -495,6 +520,15 @@ impl std::error::Error for SinkError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sink_error_keeps_the_targets_code_apart_from_its_message() {
+        let e = SinkError::permanent("insert failed").with_code("23514");
+        assert_eq!(e.code(), Some("23514"));
+        assert_eq!(e.message(), "insert failed");
+        assert_eq!(e.to_string(), "insert failed (permanent)");
+        assert_eq!(SinkError::retryable("x").code(), None);
+    }
 
     #[test]
     fn error_is_one_pointer() {

@@ -25,6 +25,8 @@ pub struct WatchState {
     pub last_error: Option<String>,
     /// The class of the most recent error.
     pub last_class: Option<SinkErrorClass>,
+    /// The target's own code for the most recent error (SQLSTATE, error number, HTTP status).
+    pub last_code: Option<String>,
     /// Standard output was closed by its reader.
     pub stdout_closed: bool,
 }
@@ -97,6 +99,7 @@ impl<S: Sink> Watched<S> {
                 w.attempts = 0;
                 w.last_error = None;
                 w.last_class = None;
+                w.last_code = None;
             }
             Err(e) => {
                 w.failing_since.get_or_insert_with(Instant::now);
@@ -106,6 +109,7 @@ impl<S: Sink> Watched<S> {
                 }
                 w.last_error = Some(e.to_string());
                 w.last_class = Some(e.class());
+                w.last_code = e.code().map(str::to_owned);
             }
         }
         r

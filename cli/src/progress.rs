@@ -109,12 +109,17 @@ impl Reporter {
         let failure = {
             let w = watch.lock().unwrap_or_else(|p| p.into_inner());
             match (&w.last_error, w.failing_since) {
-                (Some(err), Some(since)) => Some((err.clone(), w.last_class, w.attempts, since)),
+                (Some(err), Some(since)) => Some((
+                    err.clone(),
+                    (w.last_class, w.last_code.clone()),
+                    w.attempts,
+                    since,
+                )),
                 _ => None,
             }
         };
         match failure {
-            Some((err, class, attempts, since)) => {
+            Some((err, (class, code), attempts, since)) => {
                 let due = match self.failure_noted {
                     None => true,
                     Some((at, n)) => attempts > n && now.duration_since(at) >= self.interval,
@@ -124,8 +129,9 @@ impl Reporter {
                         Some(walsink::SinkErrorClass::Permanent) => "permanent",
                         _ => "retryable",
                     };
+                    let code = code.map_or(String::new(), |c| format!(" {c}"));
                     self.say(format!(
-                        "{}: delivery is failing ({class} error, attempt {attempts}, for {}); retrying: {}",
+                        "{}: delivery is failing ({class} error{code}, attempt {attempts}, for {}); retrying: {}",
                         self.name,
                         humantime::format_duration(std::time::Duration::from_secs(
                             since.elapsed().as_secs()

@@ -383,6 +383,8 @@ async fn send_chunk(
             .header(HeaderName::from_static(IDEMPOTENCY_KEY), &ikey)
             .header(HeaderName::from_static(WALSINK_CHUNK), &chunk_header)
             .body(payload.clone());
+        // The receiver's status, kept as the error's code.
+        let mut code: Option<u16> = None;
         let (outcome, what) = match req.send().await {
             Err(e) => (
                 Outcome::Retry { after: None },
@@ -390,6 +392,7 @@ async fn send_chunk(
             ),
             Ok(resp) => {
                 let status = resp.status();
+                code = Some(status.as_u16());
                 let retry_after = resp
                     .headers()
                     .get(reqwest::header::RETRY_AFTER)
@@ -431,6 +434,10 @@ async fn send_chunk(
                 key.checkpoint
             )
         };
+        let coded = |e: SinkError| match code {
+            Some(c) => e.with_code(c.to_string()),
+            None => e,
+        };
         match outcome {
             Outcome::Done => {
                 drop(payload);
@@ -438,19 +445,19 @@ async fn send_chunk(
                 return Ok(body.chunk);
             }
             Outcome::Permanent => {
-                return Err(SinkError::permanent(format!(
+                return Err(coded(SinkError::permanent(format!(
                     "{} was refused: {what}; a retry cannot change that: fix the receiver or the sink URL",
                     context()
-                )))
+                ))))
             }
             Outcome::Retry { after } => {
                 if attempt >= cfg.retries {
-                    return Err(SinkError::retryable(format!(
+                    return Err(coded(SinkError::retryable(format!(
                         "{} failed {} time{}: {what}",
                         context(),
                         attempt + 1,
                         if attempt == 0 { "" } else { "s" }
-                    )));
+                    ))));
                 }
                 let wait = match after {
                     Some(a) => a.min(cfg.retry_after_max),

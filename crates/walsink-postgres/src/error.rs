@@ -173,10 +173,13 @@ fn chain_mentions(e: &(dyn std::error::Error + 'static), needle: &str) -> bool {
 pub fn sink_error(what: &str, e: tokio_postgres::Error) -> SinkError {
     let (class, msg) = classify(&e);
     let message = format!("PostgreSQL {what}: {msg}");
-    let err = match class {
+    let mut err = match class {
         Class::Retryable => SinkError::retryable(message),
         Class::Permanent => SinkError::permanent(message),
     };
+    if let Some(db) = e.as_db_error() {
+        err = err.with_code(db.code().code());
+    }
     err.with_source(e)
 }
 

@@ -47,18 +47,21 @@ pub fn classify(e: &redis::RedisError, what: &str) -> SinkError {
         || e.is_connection_refusal()
         || TRANSIENT.contains(&code);
     let msg = format!("{what}: {e}{}", advice(code));
-    let err = if retryable {
+    let mut err = if retryable {
         SinkError::retryable(msg)
     } else {
         SinkError::permanent(msg)
     };
+    if !code.is_empty() {
+        err = err.with_code(code);
+    }
     err.with_source(e.clone())
 }
 
 /// A permanent error with a server-style code (`WRONGTYPE`, `WALSINK_GAP`, …) that the sink
 /// found itself, worded as [`classify_server`] words the server's.
 pub(crate) fn coded(code: &str, details: &str, what: &str) -> SinkError {
-    SinkError::permanent(format!("{what}: {code} {details}{}", advice(code)))
+    SinkError::permanent(format!("{what}: {code} {details}{}", advice(code))).with_code(code)
 }
 
 /// Classifies an error reply of one command in a pipeline, as [`classify`] does.
@@ -69,11 +72,12 @@ pub(crate) fn classify_server(e: &redis::ServerError, what: &str) -> SinkError {
         e.details().unwrap_or(""),
         advice(code)
     );
-    if TRANSIENT.contains(&code) {
+    let err = if TRANSIENT.contains(&code) {
         SinkError::retryable(msg)
     } else {
         SinkError::permanent(msg)
-    }
+    };
+    err.with_code(code)
 }
 
 /// How long [`refusal`] waits for a server's first words at most.
@@ -145,5 +149,18 @@ pub(crate) fn tls_failed(f: &TlsFailure, what: &str) -> SinkError {
         SinkError::retryable(msg)
     } else {
         SinkError::permanent(msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_code_the_sink_found_is_kept_as_the_errors_code() {
+        let e = coded("WALSINK_GAP", "marker at 3, epoch 5", "deliver");
+        assert_eq!(e.code(), Some("WALSINK_GAP"));
+        assert_eq!(e.class(), walsink::SinkErrorClass::Permanent);
+        assert!(e.message().contains("WALSINK_GAP marker at 3"), "{e}");
     }
 }

@@ -17,8 +17,20 @@ use std::time::Duration;
 use crate::ConfigError;
 
 /// Decodes `%XX` escapes; `+` stays a plus sign (URL query strings are not HTML forms, and a
-/// password holding `+` must reach the server unchanged).
+/// password holding `+` must reach the server unchanged). A `%` that does not start a
+/// two-digit hex escape is refused (write a literal `%` as `%25`), as libpq refuses it: taken
+/// as it stands, it would reach the server as something the user did not mean.
 pub fn percent_decode(s: &str) -> Result<String, String> {
+    let b = s.as_bytes();
+    if let Some(i) = (0..b.len()).find(|&i| {
+        b[i] == b'%'
+            && !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    }) {
+        return Err(format!(
+            "has a % at byte {i} that starts no two-digit hex escape (write a literal % as %25)"
+        ));
+    }
     percent_encoding::percent_decode_str(s)
         .decode_utf8()
         .map(|c| c.into_owned())
@@ -251,8 +263,16 @@ mod tests {
 
     #[test]
     fn plus_stays_plus_and_percent_escapes_decode() {
-        let mut p = Params::parse("t", Some("a=x+y%20z%2B")).unwrap();
-        assert_eq!(p.text("a").unwrap().unwrap(), "x+y z+");
+        let mut p = Params::parse("t", Some("a=x+y%20z%2B%25")).unwrap();
+        assert_eq!(p.text("a").unwrap().unwrap(), "x+y z+%");
+    }
+
+    #[test]
+    fn a_percent_that_starts_no_escape_is_refused_naming_the_parameter() {
+        for bad in ["a=50%", "a=%zz", "a=%2", "a=x%g1"] {
+            let e = Params::parse("t", Some(bad)).unwrap_err().to_string();
+            assert!(e.contains(": a: ") && e.contains("%25"), "{bad}: {e}");
+        }
     }
 
     #[test]

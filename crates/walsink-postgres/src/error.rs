@@ -6,7 +6,6 @@
 //! carries a password (the server never echoes one, and connection errors are described by
 //! tokio-postgres without the connection string).
 
-use std::fmt;
 use walsink::SinkError;
 
 /// Whether a failure can go away by itself (retry) or needs an operator (permanent).
@@ -183,24 +182,9 @@ pub fn sink_error(what: &str, e: tokio_postgres::Error) -> SinkError {
     err.with_source(e)
 }
 
-/// A bad `--sink` URL or configuration. The message names the parameter and never holds a
-/// password.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError(pub(crate) String);
-
-impl ConfigError {
-    pub(crate) fn new(msg: impl Into<String>) -> Self {
-        ConfigError(msg.into())
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// A bad `--sink` URL or configuration: the kit's one error of every target
+/// ([`walsink_kit::ConfigError`]), naming the parameter and never holding a password.
+pub use walsink_kit::ConfigError;
 
 #[cfg(test)]
 mod tests {

@@ -27,9 +27,11 @@ impl TableName {
             None => (None, s),
         };
         if schema.is_some_and(|a| !valid_part(a)) || !valid_part(name) {
-            return Err(ConfigError::new(format!(
-                "{what}={s:?} is not a table name: use `table` or `schema.table`, each 1 to 63 letters, digits or _ and not starting with a digit"
-            )));
+            return Err(ConfigError::new(
+                "postgres",
+                what,
+                format!("{s:?} is not a table name: use `table` or `schema.table`, each 1 to 63 letters, digits or _ and not starting with a digit"),
+            ));
         }
         Ok(TableName {
             schema: schema.map(str::to_string),
@@ -95,7 +97,7 @@ mod tests {
         );
         for bad in ["", "1x", "a;drop", "a.b.c", "a\"b", "x y", &"a".repeat(64)] {
             let e = TableName::parse(bad, "table").unwrap_err();
-            assert!(e.to_string().starts_with("table="), "{e}");
+            assert!(e.to_string().contains(": table: "), "{e}");
         }
         assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
         assert_eq!(quote_literal("it's"), "'it''s'");

@@ -42,14 +42,6 @@ const KNOWN: &[&str] = &[
     "verify",
 ];
 
-/// A kit error (duplicate, unknown or unreadable parameter) as this crate's.
-fn kit(e: walsink_kit::ConfigError) -> ConfigError {
-    ConfigError::Parameter {
-        name: e.parameter,
-        reason: e.reason,
-    }
-}
-
 /// Default [`Config::max_records`].
 pub const DEFAULT_MAX_RECORDS: usize = 1000;
 /// Default [`Config::max_bytes`]: 1 MiB.
@@ -115,42 +107,13 @@ pub struct Config {
     pub verify: Verify,
 }
 
-/// A `--sink` URL or a parameter that cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// The text is not a URL, or not an `http`/`https` one.
-    Url {
-        /// What is wrong, without credentials.
-        reason: String,
-    },
-    /// A parameter is unknown or its value is invalid.
-    Parameter {
-        /// The parameter's name.
-        name: String,
-        /// Why it is refused.
-        reason: String,
-    },
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConfigError::Url { reason } => write!(f, "bad HTTP sink URL: {reason}"),
-            ConfigError::Parameter { name, reason } => {
-                write!(f, "bad HTTP sink parameter {name:?}: {reason}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// A bad `--sink` URL: the kit's one error of every target ([`walsink_kit::ConfigError`]):
+/// `parameter` names the parameter at fault (`URL` for the URL itself) and the message never
+/// holds a credential.
+pub use walsink_kit::ConfigError;
 
 fn param(name: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Parameter {
-        name: name.to_string(),
-        reason: reason.into(),
-    }
+    ConfigError::new("http", name, reason)
 }
 
 impl Config {
@@ -181,18 +144,19 @@ impl Config {
     /// Parses a `--sink` URL (see the module docs). Errors name the bad parameter and never
     /// hold the password.
     pub fn from_url(text: &str) -> Result<Config, ConfigError> {
-        let mut url = url::Url::parse(text).map_err(|e| ConfigError::Url {
-            reason: format!("{e} (in {})", walsink::redact_url(text)),
-        })?;
+        let mut url = url::Url::parse(text)
+            .map_err(|e| param("URL", format!("{e} (in {})", walsink::redact_url(text))))?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(ConfigError::Url {
-                reason: format!("scheme {:?} is not http or https", url.scheme()),
-            });
+            return Err(param(
+                "URL",
+                format!("scheme {:?} is not http or https", url.scheme()),
+            ));
         }
         if url.host_str().is_none_or(str::is_empty) {
-            return Err(ConfigError::Url {
-                reason: format!("no host in {}", walsink::redact_url(text)),
-            });
+            return Err(param(
+                "URL",
+                format!("no host in {}", walsink::redact_url(text)),
+            ));
         }
         let url_basic = (!url.username().is_empty() || url.password().is_some()).then(|| {
             let user = percent_decode(url.username());
@@ -201,7 +165,7 @@ impl Config {
         let _ = url.set_username("");
         let _ = url.set_password(None);
         let query = url.query().map(str::to_owned);
-        let mut p = Params::parse("http", query.as_deref()).map_err(kit)?;
+        let mut p = Params::parse("http", query.as_deref())?;
         url.set_query(None);
         url.set_fragment(None);
         for name in ["token", "bearer", "password", "authorization"] {
@@ -213,62 +177,60 @@ impl Config {
             }
         }
         let mut c = Config::new(url);
-        if let Some(v) = p.text("max_records").map_err(kit)? {
+        if let Some(v) = p.text("max_records")? {
             c.max_records = positive("max_records", &v)?;
         }
-        if let Some(v) = p.text("max_bytes").map_err(kit)? {
+        if let Some(v) = p.text("max_bytes")? {
             c.max_bytes = bytes("max_bytes", &v)?;
         }
-        if let Some(v) = p.text("timeout").map_err(kit)? {
+        if let Some(v) = p.text("timeout")? {
             c.timeout = duration("timeout", &v)?;
         }
-        if let Some(v) = p.text("concurrency").map_err(kit)? {
+        if let Some(v) = p.text("concurrency")? {
             c.concurrency = positive("concurrency", &v)?;
             if c.concurrency > 256 {
                 return Err(param("concurrency", "at most 256 chunks in flight"));
             }
         }
-        if let Some(v) = p.text("gzip").map_err(kit)? {
+        if let Some(v) = p.text("gzip")? {
             c.gzip = boolean("gzip", &v)?;
         }
-        if let Some(v) = p.text("newline").map_err(kit)? {
+        if let Some(v) = p.text("newline")? {
             c.newline = match v.as_str() {
                 "reject" => Newline::Reject,
                 "escape" => Newline::Escape,
                 _ => return Err(param("newline", format!("{v:?} is not reject or escape"))),
             }
         }
-        if let Some(v) = p.text("retries").map_err(kit)? {
+        if let Some(v) = p.text("retries")? {
             c.retries = v
                 .parse()
                 .map_err(|_| param("retries", format!("{v:?} is not a count")))?;
         }
-        if let Some(v) = p.text("retry_after_max").map_err(kit)? {
+        if let Some(v) = p.text("retry_after_max")? {
             c.retry_after_max = duration("retry_after_max", &v)?;
         }
-        if let Some(v) = p.text("content_type").map_err(kit)? {
+        if let Some(v) = p.text("content_type")? {
             if v.is_empty() || !v.bytes().all(|b| (0x20..0x7f).contains(&b)) {
                 return Err(param("content_type", "must be printable ASCII"));
             }
             c.content_type = v;
         }
-        c.bearer_env = p.non_empty("bearer_env").map_err(kit)?;
-        c.bearer_file = p.non_empty("bearer_file").map_err(kit)?.map(PathBuf::from);
+        c.bearer_env = p.non_empty("bearer_env")?;
+        c.bearer_file = p.non_empty("bearer_file")?.map(PathBuf::from);
         if c.bearer_env.is_some() && c.bearer_file.is_some() {
             return Err(param(
                 "bearer_file",
                 "give the token one way only, not bearer_file and bearer_env",
             ));
         }
-        c.ca_file = p.non_empty("ca_file").map_err(kit)?.map(PathBuf::from);
-        c.cert_file = p.non_empty("cert_file").map_err(kit)?.map(PathBuf::from);
-        c.key_file = p.non_empty("key_file").map_err(kit)?.map(PathBuf::from);
-        if let Some(v) = p.choice("verify", &["full", "ca", "none"]).map_err(kit)? {
+        c.ca_file = p.non_empty("ca_file")?.map(PathBuf::from);
+        c.cert_file = p.non_empty("cert_file")?.map(PathBuf::from);
+        c.key_file = p.non_empty("key_file")?.map(PathBuf::from);
+        if let Some(v) = p.choice("verify", &["full", "ca", "none"])? {
             c.verify = [Verify::Full, Verify::Ca, Verify::None][v];
         }
-        c.tls()
-            .check("http", "cert_file", "key_file")
-            .map_err(kit)?;
+        c.tls().check("http", "cert_file", "key_file")?;
         let password_elsewhere = p.contains("password_file") || p.contains("password_env");
         let (user, inline) = match url_basic {
             Some((u, pw)) => (Some(u), pw),
@@ -280,10 +242,9 @@ impl Config {
                 "a password needs its user name: https://USER@HOST/…?password_file=PATH",
             ));
         }
-        let password =
-            secret::resolve(&mut p, inline, "password_file", "password_env").map_err(kit)?;
+        let password = secret::resolve(&mut p, inline, "password_file", "password_env")?;
         c.basic = user.map(|u| (u, password.map(|s| s.expose().to_string())));
-        p.finish_known(KNOWN).map_err(kit)?;
+        p.finish_known(KNOWN)?;
         Ok(c)
     }
 
@@ -362,63 +323,26 @@ fn positive(name: &str, v: &str) -> Result<usize, ConfigError> {
 }
 
 fn boolean(name: &str, v: &str) -> Result<bool, ConfigError> {
-    match v {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(param(name, format!("{v:?} is not true or false"))),
-    }
+    walsink_kit::params::parse_bool(v).map_err(|e| param(name, e))
 }
 
-/// `5s`, `500ms`, `2m`, `1h`: a positive duration with its unit.
+/// A positive duration of at most a day, in the kit's grammar (`5s`, `500ms`, `1h30m`).
 fn duration(name: &str, v: &str) -> Result<Duration, ConfigError> {
-    let at = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (num, unit) = v.split_at(at);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| param(name, format!("{v:?} is not a duration such as 5s or 500ms")))?;
-    let ms = match unit {
-        "ms" => Some(n),
-        "s" => n.checked_mul(1000),
-        "m" => n.checked_mul(60_000),
-        "h" => n.checked_mul(3_600_000),
-        "" => return Err(param(name, format!("{v:?} needs a unit: ms, s, m or h"))),
-        _ => {
-            return Err(param(
-                name,
-                format!("{v:?}: unit {unit:?} is not ms, s, m or h"),
-            ))
-        }
-    };
-    match ms {
-        Some(0) => Err(param(name, "must be positive")),
-        Some(ms) if ms <= 24 * 3_600_000 => Ok(Duration::from_millis(ms)),
-        _ => Err(param(name, format!("{v:?} is longer than a day"))),
+    let d = walsink_kit::params::parse_duration(v).map_err(|e| param(name, e))?;
+    if d.is_zero() {
+        return Err(param(name, "must be positive"));
     }
+    if d > Duration::from_secs(24 * 3600) {
+        return Err(param(name, format!("{v:?} is longer than a day")));
+    }
+    Ok(d)
 }
 
-/// `1000`, `64KiB`, `1MiB`, `1MB`: a positive byte count, at most 1 GiB.
+/// A positive byte count of at most 1 GiB, in the kit's grammar (`1000`, `64KiB`, `1MB`).
 fn bytes(name: &str, v: &str) -> Result<usize, ConfigError> {
-    let at = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (num, unit) = v.split_at(at);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| param(name, format!("{v:?} is not a size such as 1MiB")))?;
-    let mul: u64 = match unit {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "KB" | "kB" => 1000,
-        "MB" => 1_000_000,
-        _ => {
-            return Err(param(
-                name,
-                format!("{v:?}: unit {unit:?} is not B, KiB, MiB, kB or MB"),
-            ))
-        }
-    };
-    match n.checked_mul(mul) {
-        Some(0) => Err(param(name, "must be positive")),
-        Some(b) if b <= 1 << 30 => Ok(b as usize),
+    match walsink_kit::params::parse_size(v).map_err(|e| param(name, e))? {
+        0 => Err(param(name, "must be positive")),
+        b if b <= 1 << 30 => Ok(b as usize),
         _ => Err(param(name, format!("{v:?} is more than 1GiB"))),
     }
 }
@@ -500,7 +424,7 @@ mod tests {
             ("https://h/?ca_file=", "ca_file"),
         ] {
             match Config::from_url(url) {
-                Err(ConfigError::Parameter { name: n, .. }) => assert_eq!(n, name, "{url}"),
+                Err(e) => assert_eq!(e.parameter, name, "{url}: {e}"),
                 other => panic!("{url}: {other:?}"),
             }
         }
@@ -521,13 +445,13 @@ mod tests {
             ("http://h/?token=abc", "token"),
         ] {
             match Config::from_url(url) {
-                Err(ConfigError::Parameter { name: n, .. }) => assert_eq!(n, name, "{url}"),
+                Err(e) => assert_eq!(e.parameter, name, "{url}: {e}"),
                 other => panic!("{url}: {other:?}"),
             }
         }
         assert!(matches!(
             Config::from_url("ftp://h/"),
-            Err(ConfigError::Url { .. })
+            Err(e) if e.parameter == "URL"
         ));
     }
 

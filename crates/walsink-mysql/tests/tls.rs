@@ -7,7 +7,8 @@
 //! name the certificate lacks each refused as a permanent error naming the reason, nothing
 //! delivered, then delivered once the setting is fixed; `required` against a server without
 //! TLS refused, `preferred` falling back to plain text there; the password from a file and
-//! from the environment; no password in any error.
+//! from the environment; no password in any error; a client certificate for a user that
+//! requires one (`REQUIRE X509`).
 
 mod common;
 
@@ -211,4 +212,42 @@ async fn required_tls_is_refused_by_a_server_without_it() {
     let mut sink = MySqlSink::new(url("preferred"));
     assert_eq!(deliver_ready(&log.wal, &mut sink).await.unwrap(), 1);
     assert_eq!(rows(&db.url(), &table, &id, 0).await, want);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and the MariaDB binaries"
+)]
+async fn a_client_certificate_is_presented_when_the_user_requires_one() {
+    let t = Tls::start();
+    t.db.execute("CREATE USER 'x509'@'%' REQUIRE X509; GRANT ALL ON *.* TO 'x509'@'%'")
+        .unwrap();
+    let client = t.ca.client("client", "x509").unwrap();
+    let table = unique("x509");
+    let url = |query: &str| {
+        Config::from_url(&format!(
+            "mysql://x509@127.0.0.1:{}/test?table={table}&ssl_ca={}{query}",
+            t.db.port(),
+            t.ca.ca_file().display()
+        ))
+        .unwrap()
+    };
+    let id = unique("x509");
+    let log = open(&id);
+    let want = epoch(&log.wal, 1, 0..10);
+    // Without the certificate the server refuses the user (1045), permanent.
+    let mut sink = MySqlSink::new(url(""));
+    let e = deliver_ready(&log.wal, &mut sink).await.unwrap_err();
+    assert_eq!(sink_error(&e).class(), SinkErrorClass::Permanent, "{e}");
+    assert!(e.to_string().contains("1045"), "{e}");
+    assert_eq!(log.wal.health().committed, None);
+    let with = format!(
+        "&ssl_cert={}&ssl_key={}",
+        client.cert.display(),
+        client.key.display()
+    );
+    let mut sink = MySqlSink::new(url(&with));
+    assert_eq!(deliver_ready(&log.wal, &mut sink).await.unwrap(), 1);
+    assert_eq!(rows(&t.db.url(), &table, &id, 0).await, want);
 }

@@ -38,7 +38,7 @@ pub mod table;
 pub mod testkit;
 pub mod xa;
 
-pub use config::{Bulk, Config, Mode};
+pub use config::{Bulk, Config, Mode, SslMode};
 pub use error::{classify, classify_code, server_code, sink_error, Class, ConfigError};
 pub use mapping::{MapError, RawRows, RowMapping, RowWriter};
 pub use marker::{Marker, MarkerTable};

@@ -215,9 +215,7 @@ impl MySqlSink {
 
     async fn plain_connect_unbounded(&self) -> Result<Conn, SinkError> {
         let shown = self.config.to_string();
-        let mut conn = Conn::new(self.config.opts())
-            .await
-            .map_err(|e| sink_error(&format!("connect to {shown}"), e))?;
+        let mut conn = self.open(&shown).await?;
         let version: Option<String> = conn
             .query_first("SELECT VERSION()")
             .await
@@ -231,6 +229,44 @@ impl MySqlSink {
             .map_err(|e| sink_error("set idle_transaction_timeout", e))?;
         }
         Ok(conn)
+    }
+
+    /// A connection as `ssl_mode` asks: `preferred` falls back to plain text when the server
+    /// offers no TLS (as MySQL's clients do); a failed handshake is a permanent error naming
+    /// the reason (a wrong CA, a host name the certificate lacks), never a retry.
+    async fn open(&self, shown: &str) -> Result<Conn, SinkError> {
+        use crate::config::SslMode;
+        let opts = |tls: bool| {
+            self.config
+                .opts(tls)
+                .map_err(|e| SinkError::permanent(format!("connect to {shown}: {e}")))
+        };
+        let mode = self.config.ssl_mode;
+        let first = Conn::new(opts(mode != SslMode::Disabled)?).await;
+        match first {
+            Ok(c) => Ok(c),
+            Err(mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer))
+                if mode == SslMode::Preferred =>
+            {
+                Conn::new(opts(false)?)
+                    .await
+                    .map_err(|e| sink_error(&format!("connect to {shown}"), e))
+            }
+            Err(mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer)) => {
+                Err(SinkError::permanent(format!(
+                    "MySQL connect to {shown}: the server offers no TLS but ssl_mode={} requires it (enable TLS on the server, or use ssl_mode=preferred or disabled)",
+                    mode.name()
+                )))
+            }
+            Err(e) => match walsink_kit::tls::failure(&e) {
+                Some(f) if mode != SslMode::Disabled => Err(SinkError::permanent(format!(
+                    "MySQL connect to {shown}: TLS with ssl_mode={}: {f}",
+                    mode.name()
+                ))
+                .with_source(e)),
+                _ => Err(sink_error(&format!("connect to {shown}"), e)),
+            },
+        }
     }
 
     /// Runs a read on the sink's connection, or on a plain one when the sink is not set up

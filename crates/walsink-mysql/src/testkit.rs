@@ -44,15 +44,25 @@ fn failed(what: &str, out: &std::process::Output) -> io::Error {
 
 impl Server {
     /// Creates and starts a server with `settings` (`name`, `value` pairs passed to
-    /// `mariadbd` as `--name=value`, for example `("max_allowed_packet", "1M")`).
+    /// `mariadbd` as `--name=value`, for example `("max_allowed_packet", "1M")`, or
+    /// `("ssl-cert", PATH)`, `("ssl-key", PATH)`, `("ssl-ca", PATH)` for TLS).
+    ///
+    /// # Errors
+    ///
+    /// The binaries are missing, or the server did not start within 60 s (with its log).
     pub fn start(settings: &[(&str, &str)]) -> io::Result<Server> {
         let dir = tempfile::Builder::new()
             .prefix("walsink-mariadb-")
             .tempdir()?;
         let data = dir.path().join("data");
+        // Each server's own temporary directory: two bootstraps sharing /tmp collide on the
+        // names of their temporary tables (`Unknown table 'mysql.tmp_user_sys'`).
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp)?;
         let out = Command::new("mariadb-install-db")
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .arg("--user=root")
             .arg("--auth-root-authentication-method=normal")
             .arg("--skip-test-db")
@@ -67,6 +77,7 @@ impl Server {
             .arg(format!("--datadir={}", data.display()))
             .arg(format!("--socket={}", dir.path().join("sock").display()))
             .arg(format!("--pid-file={}", dir.path().join("pid").display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--port={port}"))
             .arg("--user=root")
@@ -88,6 +99,19 @@ impl Server {
             return Err(failed("CREATE DATABASE test", &out));
         }
         Ok(server)
+    }
+
+    /// Runs `sql` as `root` with the `mariadb` client (plain text, over TCP).
+    ///
+    /// # Errors
+    ///
+    /// The client cannot run, or the statement failed (with the client's output).
+    pub fn execute(&self, sql: &str) -> io::Result<()> {
+        let out = self.sql(sql)?;
+        if !out.status.success() {
+            return Err(failed("mariadb -e", &out));
+        }
+        Ok(())
     }
 
     fn sql(&self, sql: &str) -> io::Result<std::process::Output> {

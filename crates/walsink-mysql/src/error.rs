@@ -145,10 +145,13 @@ pub fn classify(e: &mysql_async::Error) -> (Class, String) {
 pub fn sink_error(what: &str, e: mysql_async::Error) -> SinkError {
     let (class, msg) = classify(&e);
     let message = format!("MySQL {what}: {msg}");
-    let err = match class {
+    let mut err = match class {
         Class::Retryable => SinkError::retryable(message),
         Class::Permanent => SinkError::permanent(message),
     };
+    if let mysql_async::Error::Server(se) = &e {
+        err = err.with_code(se.code.to_string());
+    }
     err.with_source(e)
 }
 

@@ -325,6 +325,11 @@ async fn a_missing_table_is_permanent_and_nothing_is_skipped() {
     let e = sink.connect().await.unwrap_err();
     assert_eq!(e.class(), SinkErrorClass::Permanent, "{e}");
     assert_eq!(server_code(&e), Some(1146), "{e}");
+    assert_eq!(
+        e.code(),
+        Some("1146"),
+        "the server's number is the error's code: {e}"
+    );
     assert!(e.to_string().contains(&my.table), "{e}");
     let e = deliver_ready(&log.wal, &mut sink).await.unwrap_err();
     assert_eq!(sink_class(&e), SinkErrorClass::Permanent);
@@ -366,6 +371,11 @@ async fn a_missing_column_is_permanent_and_nothing_is_skipped() {
     let e = sink.connect().await.unwrap_err();
     assert_eq!(e.class(), SinkErrorClass::Permanent, "{e}");
     assert_eq!(server_code(&e), Some(1054), "{e}");
+    assert_eq!(
+        e.code(),
+        Some("1054"),
+        "the server's number is the error's code: {e}"
+    );
     assert!(e.to_string().contains("payload"), "{e}");
     let e = deliver_ready(&log.wal, &mut sink).await.unwrap_err();
     assert_eq!(sink_class(&e), SinkErrorClass::Permanent);

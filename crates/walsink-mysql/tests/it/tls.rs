@@ -10,9 +10,7 @@
 //! from the environment; no password in any error; a client certificate for a user that
 //! requires one (`REQUIRE X509`).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use walsink::{ErrorKind, SinkErrorClass};
 use walsink_kit::testkit::{TestCa, Validity};
 use walsink_mysql::testkit::Server;

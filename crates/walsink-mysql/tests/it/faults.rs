@@ -5,9 +5,7 @@
 //! marker and XA mode, every line lands exactly once, in order, and no XA transaction of the
 //! sink is left in `XA RECOVER`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mysql_async::prelude::Queryable;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -3,9 +3,7 @@
 //! the server's limit although `batch_size` asks for 4 MiB, and a record whose row alone does
 //! not fit is a permanent error naming max_allowed_packet, with nothing committed.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use walsink::SinkErrorClass;
 use walsink_mysql::testkit::Server;
 use walsink_mysql::MySqlSink;

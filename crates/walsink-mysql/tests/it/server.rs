@@ -4,9 +4,7 @@
 //! an XA transaction left prepared by a crash that the next delivery commits, and a server
 //! that does not answer.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use mysql_async::prelude::Queryable;
 use std::time::Duration;
 use walsink::{ErrorKind, Next, SinkErrorClass};

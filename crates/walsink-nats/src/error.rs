@@ -56,11 +56,13 @@ pub fn classify_stream(e: &GetStreamError, what: &str) -> SinkError {
                 "{what}: {e} (JetStream {}); create the stream (capturing the sink's subject), or add create=true to the sink URL",
                 js.error_code().0
             ))
+            .with_code(js.error_code().0.to_string())
         }
         GetStreamErrorKind::JetStream(js) => SinkError::permanent(format!(
             "{what}: {e} (JetStream {})",
             js.error_code().0
-        )),
+        ))
+        .with_code(js.error_code().0.to_string()),
         GetStreamErrorKind::Request => SinkError::retryable(format!("{what}: {e}")),
         _ => SinkError::permanent(format!("{what}: {e}")),
     }

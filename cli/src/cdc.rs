@@ -330,10 +330,22 @@ fn run_source(
                 ))
                 .into());
             }
-            capture
-                .check_resume(&p)
-                .map_err(|e| format!("--source: {e}"))?;
             notice(format!("cdc: resuming after {from}"));
+            let had = p.tables.len();
+            let p = rt
+                .block_on(capture.resume(&p))
+                .map_err(|e| format!("--source: {e}"))?;
+            if p.tables.len() > had {
+                notice(format!(
+                    "cdc: {} added to tables= and to publication {}; snapshot of it before the stream goes on",
+                    p.tables[had..]
+                        .iter()
+                        .map(|t| t.qualified())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    scfg.publication
+                ));
+            }
             p
         }
         None => {

@@ -16,6 +16,13 @@
 //! never overwrites a row a streamed change wrote. A page resumes after a crash from the last
 //! key of the previous page, which is in the checkpoint metadata.
 //!
+//! # A table added later
+//! A `tables=` that adds a table to a checkpoint's ([`Capture::resume`]) puts it in the
+//! publication, waits for every transaction running at that commit, and snapshots it as
+//! above (appended to [`SourcePos::tables`], its pages before the stream goes on, so the
+//! stream pauses meanwhile): its changes logged after it joined are in the stream, those
+//! before in the pages, and the overlap is harmless for the same reason.
+//!
 //! # The slot moves only behind the target
 //! Reading peeks (`pg_logical_slot_peek_binary_changes`), which does not move the slot; the
 //! reader skips transactions already taken (commit LSN at or below [`SourcePos::commit_lsn`]).
@@ -226,7 +233,7 @@ impl SourceConfig {
 /// Where a snapshot stands: the table being read and the last key read in it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotPos {
-    /// Index into [`SourceConfig::tables`].
+    /// Index into [`SourcePos::tables`] (into [`SourceConfig::tables`] when that is empty).
     pub table: usize,
     /// The key columns of the last row read (as JSON), `None` before the first page.
     pub after: Option<Row>,
@@ -247,8 +254,10 @@ pub struct SourcePos {
     pub end_lsn: u64,
     /// Events emitted through this position.
     pub events: u64,
-    /// The tables this pipeline captures, as `tables=` named them when it started (empty in
-    /// metadata written before this was kept). A run with other tables is refused
+    /// The tables this pipeline captures, in snapshot order ([`SnapshotPos::table`] indexes
+    /// it): as `tables=` named them when it started, then each table a later `tables=` added
+    /// ([`Capture::resume`]). Empty in metadata written before this was kept (then `tables=`
+    /// stands for it, and nothing can be added). A run without one of them is refused
     /// ([`Capture::check_resume`]).
     #[serde(default)]
     pub tables: Vec<TableRef>,
@@ -461,44 +470,187 @@ impl Capture {
         Ok(c)
     }
 
-    /// Refuses to go on from `pos` with other tables than those it was started with: a table
-    /// added to `tables=` would never be in the publication nor the snapshot (its replica
-    /// would stay empty), and a table left out would go on arriving through the publication.
+    /// Refuses to go on from `pos` when `tables=` leaves out a table the pipeline captures:
+    /// the table stays in the publication, so its changes would go on arriving (and be
+    /// refused as not captured). Its replica table is left as it is: not dropped, and no
+    /// longer updated once a pipeline of other tables takes over. A table added to `tables=`
+    /// is not refused here: [`Capture::resume`] adds it to the publication and snapshots it.
     ///
     /// # Errors
-    /// [`CaptureError::State`] naming the tables added and removed, and what to do.
+    /// [`CaptureError::State`] naming the tables removed, and what to do.
     pub fn check_resume(&self, pos: &SourcePos) -> Result<(), CaptureError> {
-        if pos.tables.is_empty() || pos.tables == self.cfg.tables {
+        let removed = Self::names(&pos.tables, &self.cfg.tables);
+        if removed.is_empty() {
             return Ok(());
         }
-        let names = |a: &[TableRef], b: &[TableRef]| {
-            a.iter()
-                .filter(|t| !b.contains(t))
-                .map(TableRef::qualified)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let (added, removed) = (
-            names(&self.cfg.tables, &pos.tables),
-            names(&pos.tables, &self.cfg.tables),
-        );
-        let mut what = Vec::new();
-        if !added.is_empty() {
-            what.push(format!("adds {added}"));
-        }
-        if !removed.is_empty() {
-            what.push(format!("removes {removed}"));
-        }
-        if what.is_empty() {
-            what.push("orders the tables differently".to_string());
-        }
         Err(CaptureError::State(format!(
-            "tables= {} of the tables this pipeline (slot {}) was started with ({}); a pipeline's tables cannot change: \
-             give the same tables=, or capture other tables with a pipeline of their own (another slot, --wal and schema or --sink-id)",
-            what.join(" and "),
+            "tables= removes {removed} of the tables this pipeline (slot {}) captures ({}); a table cannot be removed from a pipeline \
+             (it stays in publication {}, so its changes would go on arriving); its replica table is left as it is. \
+             Give all of them again (tables may be added), or capture other tables with a pipeline of their own (another slot, --wal and schema or --sink-id)",
             self.cfg.slot,
-            pos.tables.iter().map(TableRef::qualified).collect::<Vec<_>>().join(", ")
+            pos.tables.iter().map(TableRef::qualified).collect::<Vec<_>>().join(", "),
+            ident(&self.cfg.publication)
         )))
+    }
+
+    /// The tables of `a` that are not in `b`, qualified and comma-separated.
+    fn names(a: &[TableRef], b: &[TableRef]) -> String {
+        a.iter()
+            .filter(|t| !b.contains(t))
+            .map(TableRef::qualified)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The tables `pos` captures, in snapshot order (`tables=` for a position that holds none).
+    fn tables_of<'a>(&'a self, pos: &'a SourcePos) -> &'a [TableRef] {
+        if pos.tables.is_empty() {
+            &self.cfg.tables
+        } else {
+            &pos.tables
+        }
+    }
+
+    /// Goes on from `pos` (a checkpoint's) with this capture's `tables=`: refuses a removed
+    /// table ([`Capture::check_resume`]), and takes each table `tables=` adds to those of
+    /// `pos`, returning the position to go on from (`pos` itself when nothing was added).
+    ///
+    /// An added table is added to the publication (`ALTER PUBLICATION … ADD TABLE`, unless
+    /// it is in it already), then every transaction that was running when that committed is
+    /// waited for (a change logged before the table was in the publication is not decoded,
+    /// even when its transaction commits later, so it must be in the snapshot); then the
+    /// returned position snapshots the table (appended to [`SourcePos::tables`]) page by page
+    /// before the stream goes on, as the first snapshot does. The stream's changes of the
+    /// table all come after it joined the publication; a page read after one of them holds it
+    /// too, and that overlap is harmless because snapshot reads rank below every streamed
+    /// change. Changes before it joined are not in the stream but in the snapshot, which is
+    /// read after they committed. Call [`Capture::target_ddl`] to create its replica table.
+    ///
+    /// # Errors
+    /// [`CaptureError::State`] for a removed table; [`CaptureError::Server`] if the
+    /// publication cannot be altered.
+    ///
+    /// # Cancel safety
+    /// If dropped, the table may be in the publication already (while the position returned
+    /// was never kept); call it again with the same `pos`: a table in the publication is not
+    /// added again, and its snapshot starts from its first page.
+    pub async fn resume(&mut self, pos: &SourcePos) -> Result<SourcePos, CaptureError> {
+        self.check_resume(pos)?;
+        let mut published = Vec::new();
+        for t in &self.cfg.tables {
+            published.push(
+                self.client
+                    .query_opt(
+                        "SELECT 1 FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+                        &[&self.cfg.publication, &t.schema, &t.name],
+                    )
+                    .await
+                    .map_err(server("read the publication's tables"))?
+                    .is_some(),
+            );
+        }
+        let mut pos = pos.clone();
+        if pos.tables.is_empty() {
+            // Metadata written before the table list was kept: the tables it captured are
+            // those of `tables=` in the publication (one that is not was never captured).
+            if published.iter().all(|p| *p) {
+                return Ok(pos);
+            }
+            if pos.snapshot.is_some() {
+                return Err(CaptureError::State(format!(
+                    "tables= adds a table to a pipeline whose first snapshot is in progress and whose checkpoint holds no table list \
+                     (written by an older walsink); resume with the tables it was started with first (those in publication {}), then add it",
+                    ident(&self.cfg.publication)
+                )));
+            }
+            pos.tables = self
+                .cfg
+                .tables
+                .iter()
+                .zip(&published)
+                .filter(|(_, p)| **p)
+                .map(|(t, _)| t.clone())
+                .collect();
+            pos.shapes.clear();
+        }
+        let added: Vec<(TableRef, bool)> = self
+            .cfg
+            .tables
+            .iter()
+            .zip(&published)
+            .filter(|(t, _)| !pos.tables.contains(t))
+            .map(|(t, p)| (t.clone(), *p))
+            .collect();
+        if added.is_empty() {
+            return Ok(pos);
+        }
+        for (t, there) in &added {
+            if !there {
+                self.client
+                    .batch_execute(&format!(
+                        "ALTER PUBLICATION {} ADD TABLE {}",
+                        ident(&self.cfg.publication),
+                        t.qualified()
+                    ))
+                    .await
+                    .map_err(server(format!(
+                        "add {} to the publication {}",
+                        t.qualified(),
+                        ident(&self.cfg.publication)
+                    )))?;
+            }
+        }
+        self.wait_running().await?;
+        let mut next = pos;
+        let first = next.tables.len();
+        for (t, _) in &added {
+            next.tables.push(t.clone());
+            if !next.shapes.is_empty() {
+                if let Some(s) = self.shapes.iter().find(|s| &s.table == t) {
+                    next.shapes.push(s.clone());
+                }
+            }
+        }
+        if next.snapshot.is_none() {
+            next.snapshot = Some(SnapshotPos {
+                table: first,
+                after: None,
+            });
+        }
+        Ok(next)
+    }
+
+    /// Waits until every transaction running now has ended.
+    async fn wait_running(&self) -> Result<(), CaptureError> {
+        let snap: String = self
+            .client
+            .query_one("SELECT pg_current_snapshot()::text", &[])
+            .await
+            .map_err(server("read the running transactions"))?
+            .get(0);
+        let started = std::time::Instant::now();
+        let mut told = false;
+        loop {
+            let done: bool = self
+                .client
+                .query_one(
+                    "SELECT pg_snapshot_xmin(pg_current_snapshot()) >= pg_snapshot_xmax($1::text::pg_snapshot)",
+                    &[&snap],
+                )
+                .await
+                .map_err(server("read the running transactions"))?
+                .get(0);
+            if done {
+                return Ok(());
+            }
+            if !told && started.elapsed() > std::time::Duration::from_secs(10) {
+                told = true;
+                tracing::warn!(
+                    "cdc source: waiting for transactions that were running when a table was added to the publication (snapshot {snap})"
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 
     /// The configuration.
@@ -686,13 +838,20 @@ impl Capture {
     /// columns changed in a way the replica cannot follow (a type, a rename, an order, a
     /// dropped key column, a renamed table, a table not in `tables=`); the transactions
     /// before it were returned by the calls before. [`CaptureError::State`] for a column
-    /// added with a default, or a changed `tables=` ([`Capture::check_resume`]).
+    /// added with a default, a table removed from `tables=` ([`Capture::check_resume`]), or
+    /// one added that [`Capture::resume`] did not take.
     ///
     /// # Cancel safety
     /// Cancel safe: it reads (the slot is peeked, never consumed, and a snapshot page is a
     /// query); call it again with the same position.
     pub async fn next(&mut self, pos: &SourcePos) -> Result<Batch, CaptureError> {
         self.check_resume(pos)?;
+        let added = Self::names(&self.cfg.tables, self.tables_of(pos));
+        if !added.is_empty() {
+            return Err(CaptureError::State(format!(
+                "tables= adds {added} to the tables of this position: take them with Capture::resume first"
+            )));
+        }
         match &pos.snapshot {
             Some(s) => self.snapshot_page(pos, s.clone()).await,
             None => self.changes(pos).await,
@@ -705,7 +864,8 @@ impl Capture {
         s: SnapshotPos,
     ) -> Result<Batch, CaptureError> {
         let mut next = pos.clone();
-        let Some(t) = self.cfg.tables.get(s.table).cloned() else {
+        let tables = self.tables_of(pos).to_vec();
+        let Some(t) = tables.get(s.table).cloned() else {
             next.snapshot = None;
             return Ok(Batch {
                 events: Vec::new(),
@@ -784,7 +944,7 @@ impl Capture {
         next.events += events.len() as u64;
         next.snapshot = if (rows.len() as i64) < lim {
             // This table is done: the next one, or the stream.
-            (s.table + 1 < self.cfg.tables.len()).then_some(SnapshotPos {
+            (s.table + 1 < tables.len()).then_some(SnapshotPos {
                 table: s.table + 1,
                 after: None,
             })

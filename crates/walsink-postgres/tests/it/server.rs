@@ -3,9 +3,7 @@
 //! server without prepared transactions, and sinks starting at once into tables that do not
 //! exist yet.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 use walsink::{ErrorKind, SinkErrorClass};
 use walsink_postgres::{Config, PgSink};

@@ -9,9 +9,7 @@
 //! fallback; a client certificate (`clientcert=verify-full`); a password from the password
 //! file with scram-sha-256 and SCRAM channel binding over TLS.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::{Path, PathBuf};
 use walsink::{ErrorKind, SinkErrorClass};
 use walsink_kit::testkit::{TestCa, Validity};

@@ -4,10 +4,8 @@
 //! delivery killed while its PREPARE or COMMIT is still on a slow or cut link (the restarted
 //! sink must not wait for ever behind the old backend's transaction).
 
-mod common;
-
-use common::proxy::{Hold, Proxy};
-use common::*;
+use crate::common::proxy::{Hold, Proxy};
+use crate::common::*;
 use std::time::Duration;
 use walsink::{ErrorKind, Next, SinkErrorClass};
 use walsink_postgres::testkit::{Cluster, StopMode};

@@ -1,18 +1,13 @@
-//! Outside probes of the NATS JetStream target, from docs/targets/nats.md alone.
+//! What the stream refuses is refused once and named, and nothing after it is skipped: a
+//! missing stream (permanent unless `create=true`), a subject the stream does not capture
+//! (named as such, not blamed on a restart), and a record over the server's `max_payload`
+//! (permanent, the record after it not published).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 use walsink::SinkErrorClass;
 use walsink_nats::NatsSink;
 use walsink_tokio::AsyncSink;
-
-async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(90), f)
-        .await
-        .expect("hung for 90 s")
-}
 
 /// The URL doc: "`subject` … the stream must capture it". A subject the stream does not
 /// capture can never be delivered; the error must say so, not blame a JetStream restart.
@@ -77,36 +72,24 @@ async fn a_record_over_max_payload_is_permanent_and_nothing_is_skipped() {
     assert!(payloads.len() <= 1, "{} stored", payloads.len());
 }
 
-/// "An epoch whose checkpoint is older than the window … shown in `NatsSink::status()` …
-/// cleared by the next delivery within the window."
 #[tokio::test(flavor = "multi_thread")]
 #[cfg_attr(
     not(servers),
     ignore = "needs WALSINK_TEST_SERVERS=1 and a local NATS with JetStream"
 )]
-async fn beyond_the_window_is_flagged_then_cleared() {
-    let s = TestStream::new("probe2-window", Some(Duration::from_millis(800))).await;
-    let id = walsink_tokio::conformance::unique_id("p2-window");
-    let (_d, wal) = log(&id);
+async fn a_missing_stream_is_permanent_unless_created() {
+    let u = walsink_tokio::conformance::unique_id("missing").replace(['.', '-'], "_");
+    let mut cfg =
+        walsink_nats::Config::new(format!("WALSINK_TEST_{u}"), format!("walsink-test.{u}"));
+    let mut sink = NatsSink::new(cfg.clone()).unwrap();
+    let e = sink.connect().await.unwrap_err();
+    assert_eq!(e.class(), SinkErrorClass::Permanent, "{e}");
+    assert!(e.to_string().contains("create=true"), "{e}");
+    cfg.create = true;
+    let mut sink = NatsSink::new(cfg.clone()).unwrap();
+    sink.connect().await.unwrap();
+    let (_d, wal) = log("created");
     seal(&wal, 1, &numbered(0, 10));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    seal(&wal, 2, &numbered(10, 20));
-    let es = epochs(&wal);
-    let mut sink = NatsSink::new(s.config()).unwrap();
-    let st = sink.status();
-    bounded(sink.deliver(&es[0])).await.unwrap();
-    let flagged = st.get();
-    bounded(sink.deliver(&es[1])).await.unwrap();
-    let cleared = st.get();
-    let held = s.records_of(&id, 0).await;
-    s.delete().await;
-    let b = flagged
-        .beyond_window
-        .expect("epoch 1 is older than the window");
-    assert_eq!(b.checkpoint, 1);
-    assert!(b.age > b.window, "{b:?}");
-    assert_eq!(b.window, Duration::from_millis(800));
-    assert!(cleared.beyond_window.is_none(), "{cleared:?}");
-    assert_eq!((cleared.published, cleared.epochs), (20, 2), "{cleared:?}");
-    assert_eq!(held, numbered(0, 20));
+    walsink_tokio::deliver_ready(&wal, &mut sink).await.unwrap();
+    let _ = js().await.delete_stream(&cfg.stream).await;
 }

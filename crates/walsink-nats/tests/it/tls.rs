@@ -6,9 +6,7 @@
 //! verify=none; a client certificate for a server that demands one; TLS demanded of a
 //! server without it.
 
-mod common;
-
-use common::{log, numbered, seal};
+use crate::common::{log, numbered, seal};
 use std::path::Path;
 use walsink::SinkErrorClass;
 use walsink_kit::testkit::{TestCa, Validity};
@@ -338,7 +336,7 @@ async fn tls_demanded_of_a_server_without_it_is_refused() {
     let (stream, subject) = names();
     let e = sink(&format!(
         "tls://{}/?stream={stream}&subject={subject}&timeout=3s",
-        common::ADDR
+        crate::common::ADDR
     ))
     .connect()
     .await

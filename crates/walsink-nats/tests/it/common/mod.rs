@@ -193,3 +193,10 @@ impl Proxy {
         self.cut.send_modify(|n| *n += 1);
     }
 }
+
+/// Awaits `f`, failing the test if it takes over 90 s (a hang, not a slow server).
+pub async fn bounded<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(90), f)
+        .await
+        .expect("hung for 90 s")
+}

@@ -1,9 +1,9 @@
-//! Outside probes (round 3) of the HTTP target, written from docs/targets/http.md and the
-//! rustdoc of public items. Target: request bodies reused from a pool once answered. Bodies
-//! must stay byte-identical (compressed bytes too) under every retry, every replay after a
-//! simulated crash, with chunks in flight together, gzip and newline=escape; checked against
-//! an independent implementation of the documented cut, on the raw bytes a TCP server read.
+//! Request bodies reused from a pool once answered stay byte-identical (compressed bytes
+//! too) under every retry, every replay after a simulated crash, with chunks in flight
+//! together, gzip and newline=escape; checked against an independent implementation of the
+//! documented cut, on the raw bytes a TCP server read.
 
+use crate::support::id;
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -34,10 +34,6 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
-}
-
-fn unique(tag: &str) -> String {
-    walsink_tokio::conformance::unique_id(tag)
 }
 
 fn opts(sid: &str) -> Options {
@@ -465,7 +461,7 @@ async fn raw_bytes_case(gzip: bool) {
             for conc in [1usize, 4] {
                 let what = format!("gzip={gzip} escape={esc} concurrency={conc}");
                 let srv = Raw::start(every_other_fails());
-                let sid = unique("p3raw");
+                let sid = id("p3raw");
                 let base = tempfile::tempdir().unwrap();
                 let (wal, _) = WalSink::open(base.path().join("wal"), opts(&sid)).unwrap();
                 let wal = Arc::new(wal);
@@ -545,7 +541,7 @@ async fn chaos_case(gzip: bool) {
     use walsink_http::receiver::{Mode, Receiver};
     {
         let r = Receiver::start(Mode::Keep).await.unwrap();
-        let sid = unique("p3chaos");
+        let sid = id("p3chaos");
         let base = tempfile::tempdir().unwrap();
         let (wal, _) = WalSink::open(base.path().join("wal"), opts(&sid)).unwrap();
         let wal = Arc::new(wal);
@@ -747,7 +743,7 @@ async fn a_timeout_during_the_upload_leaves_later_bodies_intact() {
             Answer::Ok
         }
     }));
-    let sid = unique("p3stall");
+    let sid = id("p3stall");
     let base = tempfile::tempdir().unwrap();
     let (wal, _) = WalSink::open(
         base.path().join("wal"),
@@ -811,7 +807,7 @@ async fn dropped_delivery_futures_leave_bodies_intact() {
         let srv = Raw::start(Box::new(|n, _| {
             Answer::Delay(Duration::from_millis(20 + (n as u64 * 37) % 60))
         }));
-        let sid = unique("p3drop");
+        let sid = id("p3drop");
         let base = tempfile::tempdir().unwrap();
         let (wal, _) = WalSink::open(base.path().join("wal"), opts(&sid)).unwrap();
         let wal = Arc::new(wal);
@@ -883,7 +879,7 @@ fn durable_epochs_through_the_blocking_committer_replay_identically_gzip() {
 fn durable_case(gzip: bool) {
     {
         let srv = Raw::start(every_other_fails());
-        let sid = unique("p3durable");
+        let sid = id("p3durable");
         let base = tempfile::tempdir().unwrap();
         let o = || opts(&sid).mode(walsink::Mode::Durable);
         let (wal, _) = WalSink::open(base.path().join("wal"), o()).unwrap();
@@ -988,7 +984,7 @@ async fn edge_sizes_and_256_in_flight_match_the_documented_cut() {
         (true, false, 256, 2),
     ] {
         let srv = Raw::start(every_other_fails());
-        let sid = unique("p3edge");
+        let sid = id("p3edge");
         let base = tempfile::tempdir().unwrap();
         let (wal, _) = WalSink::open(base.path().join("wal"), opts(&sid)).unwrap();
         let wal = Arc::new(wal);

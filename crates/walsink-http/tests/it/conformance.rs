@@ -5,8 +5,6 @@
 //! over TLS. The read-back is what the receiver kept after deduplicating by
 //! `Idempotency-Key`, in key order. No external server is needed, so these always run.
 
-mod support;
-
 use std::time::Duration;
 use walsink_http::receiver::{Mode, Receiver, Tls};
 use walsink_http::HttpSink;
@@ -27,7 +25,7 @@ impl Harness for Http {
         if let Some(ca) = &self.ca_file {
             url.push_str(&format!("&ca_file={}", ca.display()));
         }
-        support::sink(&url)
+        crate::support::sink(&url)
     }
 
     async fn read_back(&self, sink_id: &str, subtask: u32) -> Vec<Vec<u8>> {

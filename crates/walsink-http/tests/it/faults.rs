@@ -4,10 +4,8 @@
 //! records holding newlines, credentials. After each, the receiver holds every record once
 //! (deduplicated by `Idempotency-Key`), in order, and a replay sends the same bodies.
 
-mod support;
-
+use crate::support::*;
 use std::time::{Duration, Instant};
-use support::*;
 use walsink::SinkErrorClass;
 use walsink_http::receiver::{Fault, Mode, Receiver};
 use walsink_tokio::deliver_ready;
@@ -319,4 +317,27 @@ async fn the_start_up_check_gives_up_on_a_silent_receiver_within_its_bound() {
     );
     assert_eq!(e.class(), SinkErrorClass::Retryable, "{e}");
     assert!(e.to_string().contains("timeout of 5s"), "{e}");
+}
+
+#[test]
+fn a_password_with_url_delimiters_never_shows() {
+    let mut leaks = Vec::new();
+    for pw in [
+        "s3cr#tPW",
+        "s3cr?tPW",
+        "s3cr/tPW",
+        "s3cr tPW",
+        "s3cr@tPW",
+        "s3cr\\tPW",
+    ] {
+        let url = format!("http://alice:{pw}@127.0.0.1:9/in");
+        let shown = match walsink_http::Config::from_url(&url) {
+            Ok(c) => format!("{c} {c:?}"),
+            Err(e) => format!("{e} {e:?}"),
+        };
+        if shown.contains("tPW") {
+            leaks.push(format!("password {pw:?} shows: {shown}"));
+        }
+    }
+    assert!(leaks.is_empty(), "{leaks:#?}");
 }

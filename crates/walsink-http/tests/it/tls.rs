@@ -6,12 +6,10 @@
 //! certificate for a receiver that demands one; the bearer token and the basic password
 //! from files, never shown.
 
-mod support;
-
+use crate::support::*;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer};
 use std::path::Path;
-use support::*;
 use walsink_http::receiver::{Mode, Receiver, Tls};
 use walsink_kit::testkit::{Issued, TestCa, Validity};
 use walsink_tokio::deliver_ready;

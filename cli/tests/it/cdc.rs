@@ -4,9 +4,7 @@
 //! private cluster under a live workload (`walsink demo cdc`). Also the refusals that need
 //! no server.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -1,16 +1,14 @@
-//! Outside probes of `walsink cdc` (written from docs/targets/cdc.md, README.md and
-//! `walsink cdc --help` only): SIGKILL loops of `--source` under a live workload with the slot
-//! watched against the target's markers, awkward types and names, DDL during the stream,
-//! hostile `--input` files with exact target contents, target failures mid-epoch, and
-//! passwords kept out of messages and files.
+//! `walsink cdc` leaves the target holding exactly the source's contents, or refuses naming
+//! why, as docs/targets/cdc.md, README.md and `walsink cdc --help` promise: SIGKILL loops of
+//! `--source` under a live workload with the slot watched against the target's markers,
+//! awkward types and names, DDL during the stream, hostile `--input` files with exact target
+//! contents, target failures mid-epoch, and passwords kept out of messages and files.
 //!
 //! Tests that need servers run only with WALSINK_TEST_SERVERS=1 (they print that they are
 //! skipped otherwise): the shared PostgreSQL at 127.0.0.1:5432 (database `test`) and private
 //! clusters with wal_level=logical (walsink-postgres's testkit).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -3,9 +3,7 @@
 //! demo in a user's directory, a sink that cannot take records, and durations. Two SIGKILL
 //! loops: one with the input changed under the log, one with a reused sink directory.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::fs;
 use std::io::Read;
 use std::process::{Command, Stdio};

@@ -6,9 +6,7 @@
 //! target exactly once and in order: the old file's lines (also those written to it after its
 //! rename, through the writer's still-open descriptor), then the new file's from its start.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;

@@ -3,11 +3,8 @@
 //! refused URLs, a permanent error that ends the run, and SIGKILL loops with faults injected
 //! into a tenth of the requests. After each, the receiver holds every input line exactly
 //! once after deduplicating by `Idempotency-Key`, in order.
-#![cfg(feature = "http")]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use walsink_http::receiver::{Fault, Mode, Receiver, Tls};

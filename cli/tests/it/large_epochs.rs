@@ -1,7 +1,7 @@
-//! Outside probes, round 6: `walsink pipe` with large epochs (256 KiB to tens of MiB, mixed
-//! with small ones), which turn on delivery's read-ahead and the commit mark written beside
-//! the sink (docs/design.md, "Read-ahead and marks beside the sink"). Written from the public
-//! documentation and the CLI binary only.
+//! `walsink pipe` with large epochs (256 KiB to tens of MiB, mixed with small ones), which
+//! turn on delivery's read-ahead and the commit mark written beside the sink (docs/design.md,
+//! "Read-ahead and marks beside the sink"), delivers every line once through SIGKILL loops
+//! into each target, and verify, dump and inspect stay clean while it runs.
 //!
 //! Every kill loop is seeded: `PROBE6_SEED=N` replays one (the default seeds are fixed). Each
 //! test prints its seed and the number of SIGKILLs that landed. Tests that need a local

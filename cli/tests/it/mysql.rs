@@ -5,9 +5,7 @@
 //! once in the table and no XA transaction of the run left prepared; a table of the wrong
 //! shape and `inspect --sink`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -2,10 +2,8 @@
 //! end with every input line in the stream exactly once (all within the stream's duplicate
 //! window), and a missing stream ending the run with the records kept.
 
-mod common;
-
+use crate::common::*;
 use async_nats::jetstream::{self, consumer};
-use common::*;
 use futures_util::StreamExt;
 use std::time::Duration;
 

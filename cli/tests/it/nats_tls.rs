@@ -4,11 +4,8 @@
 //! kept in the log, and the run with the setting fixed delivers every line once; a client
 //! certificate and a password from a file; and a SIGKILL loop over TLS ending with every
 //! line in the stream exactly once.
-#![cfg(feature = "nats")]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::Path;
 use walsink_kit::testkit::{TestCa, Validity};
 use walsink_kit::TlsOptions;

@@ -1,8 +1,12 @@
-//! Outside probes of `walsink pipe`, written from the README and the target docs alone.
+//! What `walsink pipe` does with awkward inputs and secrets, as the README and the target
+//! docs promise: a password holding URL delimiters, or read from a file or the environment,
+//! never appears in output or files; a long line is named by its own line number; a smaller
+//! record limit on a rerun never loses logged records; CRLF, binary and empty lines arrive
+//! byte for byte; a stdin closed early ships what was written; a second input into the same
+//! target is refused or kept apart; an input edited before the offset is refused after a
+//! kill.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::fs;
 use std::io::Write;
 use std::path::Path;

@@ -7,9 +7,7 @@
 //! a wrong host name and an expired certificate each refused naming the reason, then
 //! delivered once fixed; passwords from PGPASSFILE, password_file and password_env.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -1,8 +1,7 @@
-//! Outside probes of `walsink pipe --sink postgres://…`, from docs/targets/postgres.md.
+//! A PostgreSQL table belongs to the log that fills it: a second log into the same table
+//! under the same sink id is refused (docs/targets/postgres.md).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::process::Command;
 
 fn psql(sql: &str) -> String {

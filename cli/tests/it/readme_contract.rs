@@ -1,8 +1,8 @@
-//! Outside probes of the `walsink` CLI, written from README.md and `--help` only by an
-//! acceptance tester who did not read the implementation: exit codes on what is not a log,
-//! odd arguments, SIGKILL loops, repair then resume (one of these failed when written: a resume
-//! after `repair --force` also set a damaged `COMMITTED` aside), stdin, follow mode, changed
-//! input, reused and closed targets.
+//! What README.md and `--help` promise a user, checked from them alone: exit codes on what
+//! is not a log or is damaged, odd arguments that never panic, SIGKILL loops that deliver
+//! exactly once, an unterminated last line shipped and continued, stdin, follow mode, a
+//! changed input refused, a reused sink directory, `repair --force` then resume (also with a
+//! damaged `COMMITTED`), a torn tail repaired, and a stdout reader that goes away.
 
 use std::collections::BTreeMap;
 use std::fs;

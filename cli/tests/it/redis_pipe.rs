@@ -2,9 +2,7 @@
 //! every input line in the list exactly once, a Redis key that belongs to another log
 //! refused, and a key of the wrong type ending the run with the records kept.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 const REDIS: &str = "redis://127.0.0.1:6379/0";
 

@@ -5,9 +5,7 @@
 //! is fixed; a server that asks for a client certificate; and a SIGKILL loop over TLS that
 //! ends with every line in the list exactly once.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::Path;
 use std::process::Output;
 use walsink_kit::testkit::{Issued, TestCa, Validity};

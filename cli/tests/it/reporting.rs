@@ -4,9 +4,7 @@
 //! JSON error object on stdout for `--json` runs that fail, and `pipe --help` naming every
 //! target.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 
 /// A `--follow` run with stderr on a pipe prints a progress line every

@@ -2,9 +2,7 @@
 //! path, no leftovers from refused runs, exit codes of the tools, a damaged commit store,
 //! the record limit, stdin, follow mode, a disk budget, dump ranges and JSON summaries.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::fs;
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -5,9 +5,7 @@
 //! leaves mid-epoch fails that epoch (exit 141), so the next run prints it again from its
 //! first record.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::fs;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};

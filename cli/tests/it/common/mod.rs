@@ -1,4 +1,4 @@
-//! Helpers shared by the CLI's test files: running the binary and reading the target.
+//! Helpers shared by the CLI's test modules: running the binary and reading the target.
 #![allow(dead_code)] // each test file uses a different subset
 
 use std::fs;

@@ -1,9 +1,7 @@
 //! The shared conformance suite against the local Redis, once per mode: list (RPUSH),
 //! stream (XADD) and hash (HSET of `FIELD<TAB>VALUE` records).
 
-mod common;
-
-use common::RedisHarness;
+use crate::common::RedisHarness;
 use walsink_redis::Mode;
 use walsink_tokio::conformance::run_all;
 

@@ -2,11 +2,9 @@
 //! cache flushed under the sink, a key of the wrong type, a hash record without a tab, and an
 //! epoch cut half-way that resumes where it stopped. In each, every record ends up in Redis
 //! exactly once, or the error is permanent and nothing of the epoch is written. The
-//! transaction protocol itself is in `transactions.rs`.
+//! transaction protocol itself is in `transactions`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 use walsink::SinkErrorClass;
 use walsink_redis::{Mode, RedisSink};

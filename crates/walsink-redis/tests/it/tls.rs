@@ -4,9 +4,7 @@
 //! parameter that fixes it, verify=ca and verify=none, a client certificate, and passwords
 //! from a file or the environment that reach the server unchanged.
 
-mod common;
-
-use common::{log, numbered, seal, sink_id};
+use crate::common::{log, numbered, seal, sink_id};
 use std::path::Path;
 use walsink::SinkErrorClass;
 use walsink_kit::testkit::{Issued, TestCa, Validity};

@@ -5,9 +5,7 @@
 //! before `EXEC` loses nothing; the old marker layout (one shared hash per data key) is read
 //! and moved; sinks sharing a data key do not abort each other.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use walsink::SinkErrorClass;

@@ -6,7 +6,7 @@ use walsink_redis::{Config, Mode, RedisSink};
 use walsink_tokio::conformance::Harness;
 
 /// An `XRANGE` entry: its id and its fields.
-type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+pub type StreamEntry = (String, Vec<(String, Vec<u8>)>);
 
 pub const URL: &str = "redis://127.0.0.1:6379/0";
 
@@ -166,5 +166,73 @@ pub fn epoch_key(id: &str, cp: u64) -> walsink::EpochKey {
         sink_id: id.into(),
         subtask: 0,
         checkpoint: cp,
+    }
+}
+
+/// A key name unique to this run: `{tag}{pid}x{nanos}`.
+pub fn uniq(tag: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{tag}{}x{:x}", std::process::id(), n & 0xffffffff)
+}
+
+/// A config for the data key `key` in `mode`, with `chunk_records` and `in_flight` set.
+pub fn cfg(key: &str, mode: Mode, chunk_records: usize, in_flight: usize) -> Config {
+    let mut c = Config::new(key).mode(mode);
+    c.chunk_records = chunk_records;
+    c.in_flight = in_flight;
+    c
+}
+
+/// The list at `key` on the local Redis.
+pub async fn list(key: &str) -> Vec<Vec<u8>> {
+    let mut a = redis().await;
+    redis::cmd("LRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut a)
+        .await
+        .unwrap()
+}
+
+/// The `record` fields of the stream at `key` on the local Redis, in order.
+pub async fn stream(key: &str) -> Vec<Vec<u8>> {
+    let mut a = redis().await;
+    let v: Vec<StreamEntry> = redis::cmd("XRANGE")
+        .arg(key)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut a)
+        .await
+        .unwrap();
+    v.into_iter()
+        .map(|(_, mut f)| {
+            assert_eq!(f.len(), 1);
+            let (n, v) = f.remove(0);
+            assert_eq!(n, "record");
+            v
+        })
+        .collect()
+}
+
+/// The hash at `key` on the local Redis.
+pub async fn hash(key: &str) -> std::collections::BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut a = redis().await;
+    let v: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL")
+        .arg(key)
+        .query_async(&mut a)
+        .await
+        .unwrap();
+    v.into_iter().collect()
+}
+
+/// Deletes `keys` on the local Redis.
+pub async fn del(keys: &[String]) {
+    let mut a = redis().await;
+    for k in keys {
+        let _: () = redis::cmd("DEL").arg(k).query_async(&mut a).await.unwrap();
     }
 }

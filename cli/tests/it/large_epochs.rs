@@ -7,13 +7,14 @@
 //! test prints its seed and the number of SIGKILLs that landed. Tests that need a local
 //! server run only with `WALSINK_TEST_SERVERS=1` and say they are skipped otherwise.
 
+use crate::common::{s, unique, walsink, write_lines};
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,14 +24,6 @@ use std::time::{Duration, Instant};
 // ---------------------------------------------------------------------------------------
 
 const BIN: &str = env!("CARGO_BIN_EXE_walsink");
-
-fn walsink(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run walsink")
-}
 
 /// Runs walsink with stdout thrown away (a full `dump` of a large log), stderr kept.
 fn walsink_quiet_stdout(args: &[&str]) -> (Option<i32>, String) {
@@ -51,10 +44,6 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
 fn servers() -> bool {
     std::env::var("WALSINK_TEST_SERVERS").as_deref() == Ok("1")
 }
@@ -72,14 +61,6 @@ fn seed(default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{tag}-{}-{:x}", std::process::id(), nanos & 0xffff_ffff)
 }
 
 fn pipe_args(input: &Path, wal: &Path, sink: &str, extra: &[&str]) -> Vec<String> {
@@ -304,15 +285,6 @@ fn mixed_input(tag: &str, seed: u64, total: usize, huge: bool) -> (Vec<Vec<u8>>,
         out.push(l);
     }
     (out, sizes)
-}
-
-fn write_lines(path: &Path, lines: &[Vec<u8>]) {
-    let mut body = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
-    for l in lines {
-        body.extend_from_slice(l);
-        body.push(b'\n');
-    }
-    fs::write(path, body).unwrap();
 }
 
 /// Fails unless `got` is a prefix-in-order subsequence of `want` with no duplicates: each

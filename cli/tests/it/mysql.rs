@@ -13,14 +13,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{tag}_{}_{:x}", std::process::id(), nanos & 0xffff_ffff)
-}
-
 /// Runs `sql` on the shared server with the mariadb client; its tab-separated output.
 fn sql(sql: &str) -> String {
     let o = Command::new("mariadb")

@@ -7,14 +7,6 @@ use async_nats::jetstream::{self, consumer};
 use futures_util::StreamExt;
 use std::time::Duration;
 
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{tag}_{}_{:x}", std::process::id(), nanos & 0xffff_ffff)
-}
-
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -18,14 +18,6 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{tag}_{}_{:x}", std::process::id(), nanos & 0xffff_ffff)
-}
-
 /// The test's own reader: the CA, not the host name (a case serves a certificate for
 /// `localhost` only).
 fn trusting(ca: &Path) -> TlsOptions {

@@ -15,14 +15,6 @@ use std::time::{Duration, Instant};
 
 const SHARED: &str = "postgres://postgres@127.0.0.1:5432/test";
 
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{tag}_{}_{:x}", std::process::id(), nanos & 0xffff_ffff)
-}
-
 fn psql(url: &str, sql: &str) -> String {
     let o = Command::new("psql")
         .args([url, "-AtXq", "-v", "ON_ERROR_STOP=1", "-c", sql])

@@ -6,14 +6,6 @@ use crate::common::*;
 
 const REDIS: &str = "redis://127.0.0.1:6379/0";
 
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{tag}-{}-{:x}", std::process::id(), nanos & 0xffff_ffff)
-}
-
 fn redis_cmd<T: redis::FromRedisValue>(cmd: &mut redis::Cmd) -> T {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

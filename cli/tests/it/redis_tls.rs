@@ -11,14 +11,6 @@ use std::process::Output;
 use walsink_kit::testkit::{Issued, TestCa, Validity};
 use walsink_redis::testkit::{Server, ServerTls};
 
-fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{tag}-{}-{:x}", std::process::id(), nanos & 0xffff_ffff)
-}
-
 /// A test CA and a private server with a current certificate for localhost and 127.0.0.1.
 fn tls_server(dir: &Path, auth_clients: bool) -> (TestCa, Server) {
     let ca = TestCa::new(dir, "ca").unwrap();

@@ -55,6 +55,16 @@ pub fn records(out: &Path) -> Vec<Vec<u8>> {
     walsink::DirSink::read_records(out).unwrap()
 }
 
+/// A name unique to this run, `{tag}_{pid}_{nanos}`: a valid sink id, SQL table name,
+/// NATS stream name or Redis key part.
+pub fn unique(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{tag}_{}_{:x}", std::process::id(), nanos & 0xffff_ffff)
+}
+
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }

@@ -69,7 +69,10 @@ fn a_failing_target_shows_a_retry_line_without_its_password() {
         .lines()
         .find(|l| l.contains("delivery is failing"))
         .unwrap_or_else(|| panic!("no retry line: {err}"));
-    assert!(line.contains("retryable error, attempt"), "{line}");
+    assert!(
+        line.contains("retryable error 503, attempt"),
+        "the class and the receiver's status: {line}"
+    );
     assert!(!err.contains("s3cr3tpw"), "password shown: {err}");
 }
 
@@ -135,7 +138,7 @@ fn a_failing_redis_target_shows_a_retry_line_without_its_password() {
             .find(|l| l.contains("delivery is failing"))
             .unwrap_or_else(|| panic!("no retry line: {err}"));
         assert!(
-            line.contains("retryable error, attempt") && line.contains("OOM"),
+            line.contains("retryable error OOM, attempt") && line.contains("OOM"),
             "{line}"
         );
         assert!(

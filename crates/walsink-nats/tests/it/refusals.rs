@@ -85,6 +85,11 @@ async fn a_missing_stream_is_permanent_unless_created() {
     let e = sink.connect().await.unwrap_err();
     assert_eq!(e.class(), SinkErrorClass::Permanent, "{e}");
     assert!(e.to_string().contains("create=true"), "{e}");
+    assert_eq!(
+        e.code(),
+        Some("10059"),
+        "JetStream's number is the code: {e}"
+    );
     cfg.create = true;
     let mut sink = NatsSink::new(cfg.clone()).unwrap();
     sink.connect().await.unwrap();

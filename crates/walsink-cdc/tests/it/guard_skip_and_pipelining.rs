@@ -1,6 +1,6 @@
-//! Outside probes (round 7) of the CDC apply path after two changes: runs of a flush whose
-//! ranks are all above the table's high-water go without the position guard, flushes are
-//! pipelined while the rest of the epoch is parsed, and events take a quick parse path.
+//! The apply's fast path: runs of a flush whose ranks are all above the table's high-water go
+//! without the position guard, flushes are pipelined while the rest of the epoch is parsed,
+//! and events take a quick parse path; each ends in the table the guarded path gives.
 //!
 //! The contract (docs/targets/cdc.md, "Order" and "The position guard"): events apply as if
 //! one by one in log order under the guard; rank = source position, a snapshot read (`r`)
@@ -17,11 +17,10 @@ use std::time::Duration;
 use walsink_cdc::event::{self, EventError, PositionField};
 use walsink_cdc::{CdcSink, Config};
 
-mod common;
-use common::{admin, Feed, SHARED};
+use crate::common::{admin, Feed, SHARED};
 
 fn unique(tag: &str) -> String {
-    common::unique("p7", tag)
+    crate::common::unique("p7", tag)
 }
 
 fn q(ident: &str) -> String {
@@ -30,19 +29,6 @@ fn q(ident: &str) -> String {
 
 // ---------------------------------------------------------------------------------------
 // Logs and deliveries.
-
-impl common::Feed {
-    async fn deliver(&self, sink: &mut CdcSink) -> Result<usize, String> {
-        walsink_tokio::deliver_ready(&self.wal, sink)
-            .await
-            .map_err(|e| {
-                format!(
-                    "{e} (last error: {})",
-                    self.wal.health().last_error.unwrap_or_default()
-                )
-            })
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Events.

@@ -1,4 +1,5 @@
-//! Outside probes (round 8) of two behaviours of the CDC apply (docs/targets/cdc.md):
+//! Keys created in a run go in as plain INSERTs (docs/targets/cdc.md): a key already in the
+//! table turns the table back to upserts, never losing or doubling a row.
 //!
 //! 1. "Created keys are inserted": in an unguarded run, upserts of keys whose first event in
 //!    the run is `c` or `r` go as a plain INSERT; should such a key be in the table, the
@@ -19,34 +20,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use walsink_cdc::{CdcSink, Config, Stats};
 
-mod common;
-use common::{admin, Feed, SHARED};
+use crate::common::{admin, Feed, SHARED};
 
 fn unique(tag: &str) -> String {
-    common::unique("p8", tag)
+    crate::common::unique("p8", tag)
 }
 
 // ---------------------------------------------------------------------------------------
 // Logs.
-
-impl common::Feed {
-    async fn deliver(&self, sink: &mut CdcSink) -> Result<usize, String> {
-        match tokio::time::timeout(
-            Duration::from_secs(60),
-            walsink_tokio::deliver_ready(&self.wal, sink),
-        )
-        .await
-        {
-            Err(_) => Err("delivery did not end within 60 s".into()),
-            Ok(r) => r.map_err(|e| {
-                format!(
-                    "{e} (last error: {})",
-                    self.wal.health().last_error.unwrap_or_default()
-                )
-            }),
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Events. A key is a JSON object of the key columns.

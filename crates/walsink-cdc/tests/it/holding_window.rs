@@ -1,5 +1,6 @@
-//! Outside probes (round 10) of the CDC apply's window (docs/targets/cdc.md, "Holding and
-//! flushes in flight" and "Parsing"), written from the public docs only.
+//! The apply's holding window (docs/targets/cdc.md, "Holding and flushes in flight" and
+//! "Parsing"): what is held, folded and sent while the rest of an epoch is read ends in the
+//! same table as applying every event one by one.
 //!
 //! Within one epoch the sink holds a window of changes (a quarter of the epoch, between
 //! 2 048 and 12 000, or `max_held` if lower), folds later events of a held key into it, sends
@@ -18,30 +19,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 use walsink_cdc::{CdcSink, Config, Stats};
 
-mod common;
-use common::{admin, Feed, SHARED};
+use crate::common::{admin, Feed, SHARED};
 
 fn unique(tag: &str) -> String {
-    common::unique("p10", tag)
-}
-
-impl common::Feed {
-    async fn deliver(&self, sink: &mut CdcSink) -> Result<usize, String> {
-        match tokio::time::timeout(
-            Duration::from_secs(180),
-            walsink_tokio::deliver_ready(&self.wal, sink),
-        )
-        .await
-        {
-            Err(_) => Err("delivery did not end within 180 s".into()),
-            Ok(r) => r.map_err(|e| {
-                format!(
-                    "{e} (last error: {})",
-                    self.wal.health().last_error.unwrap_or_default()
-                )
-            }),
-        }
-    }
+    crate::common::unique("p10", tag)
 }
 
 // ---------------------------------------------------------------------------------------

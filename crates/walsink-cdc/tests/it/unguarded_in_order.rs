@@ -1,5 +1,5 @@
-//! Outside probes (round 11) of "Unguarded when in order" and "Created keys are inserted"
-//! (docs/targets/cdc.md, "The position guard"), written from the public docs only.
+//! "Unguarded when in order" and "Created keys are inserted" (docs/targets/cdc.md, "The
+//! position guard"): runs that skip the guard never let an older change win.
 //!
 //! Claimed: a run of a flush's statements for one table goes without the guard when every
 //! rank it sends is above the table's high-water; an upsert of a key whose first event in the
@@ -19,11 +19,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use walsink_cdc::{CdcSink, Config, Stats};
 
-mod common;
-use common::{admin, Feed, SHARED};
+use crate::common::{admin, Feed, SHARED};
 
 fn unique(tag: &str) -> String {
-    common::unique("p11", tag)
+    crate::common::unique("p11", tag)
 }
 
 // ---------------------------------------------------------------------------------------

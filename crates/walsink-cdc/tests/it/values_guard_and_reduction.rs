@@ -1,17 +1,16 @@
-//! Outside probes of CDC apply, from docs/targets/cdc.md: "a column holds what
-//! `jsonb_populate_record` makes of the event's image", the position guard, and per-key
-//! reduction against a one-by-one model. Each test works in a schema of its own.
+//! What a column holds is what `jsonb_populate_record` makes of the event's image, the
+//! position guard holds, and per-key reduction matches a one-by-one model
+//! (docs/targets/cdc.md). Each test works in a schema of its own.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use walsink::{MemoryCommitStore, Options, WalSink};
 use walsink_cdc::{CdcSink, Config};
 
-mod common;
-use common::{admin, SHARED};
+use crate::common::{admin, SHARED};
 
 fn unique(tag: &str) -> String {
-    common::unique("probe", tag)
+    crate::common::unique("probe", tag)
 }
 
 struct Lab {

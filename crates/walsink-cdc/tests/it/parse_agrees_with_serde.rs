@@ -1,7 +1,6 @@
-//! Outside probes of `walsink_cdc::event::parse` against the general reading
-//! (`serde_json::from_slice::<Value>` then `from_value`), written from the public docs only:
-//! "parsing never panics", tombstones, exact number digits, positions below 2^63, and the
-//! promise that the quick path "never decides differently, it only decides sooner".
+//! `walsink_cdc::event::parse` agrees with the general reading (`serde_json` into a `Value`,
+//! then `from_value`): parsing never panics, tombstones, exact number digits, positions below
+//! 2^63, and the quick path never decides differently, it only decides sooner.
 //!
 //! The oracle: an all-JSON-whitespace record (space, tab, LF, CR; also the empty record) is a
 //! tombstone; otherwise `from_slice::<Value>` and `from_value`, a syntax error being

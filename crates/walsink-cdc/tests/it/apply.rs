@@ -9,11 +9,10 @@ use walsink::{MemoryCommitStore, Options, WalSink};
 use walsink_cdc::{CdcSink, Config};
 use walsink_tokio::conformance::{self, Harness};
 
-mod common;
-use common::{admin, SHARED};
+use crate::common::{admin, SHARED};
 
 fn unique(tag: &str) -> String {
-    common::unique("cdc", tag)
+    crate::common::unique("cdc", tag)
 }
 
 /// A schema of its own with table `t (id int primary key, v text, n int)`.

@@ -33,6 +33,25 @@ pub struct Feed {
 }
 
 impl Feed {
+    /// Delivers what is ready into `sink`, bounded at 180 s (a hang is a failure, not a
+    /// stuck run); the error names the log's last error too.
+    pub async fn deliver(&self, sink: &mut walsink_cdc::CdcSink) -> Result<usize, String> {
+        match tokio::time::timeout(
+            std::time::Duration::from_secs(180),
+            walsink_tokio::deliver_ready(&self.wal, sink),
+        )
+        .await
+        {
+            Err(_) => Err("delivery did not end within 180 s".into()),
+            Ok(r) => r.map_err(|e| {
+                format!(
+                    "{e} (last error: {})",
+                    self.wal.health().last_error.unwrap_or_default()
+                )
+            }),
+        }
+    }
+
     /// A new log for sink id `id`, read back in chunks of `chunk` bytes.
     pub fn new(id: &str, chunk: usize) -> Feed {
         let dir = tempfile::tempdir().unwrap();

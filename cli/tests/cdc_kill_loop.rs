@@ -531,7 +531,7 @@ fn source_kill_loop_with_random_dml_and_schema_changes_ends_exact() {
     let mut rng = fastrand::Rng::with_seed(seed.rotate_left(17));
     let mut base = 1000u64;
     let (mut kills, mut landed, mut ended) = (0u32, 0u32, Vec::new());
-    let mut tables = tables;
+    let (mut tables, mut table_added) = (tables, false);
     let mut delays = Vec::new();
     while landed < KILLS && kills < 80 {
         let before = progress(&url);
@@ -570,8 +570,11 @@ fn source_kill_loop_with_random_dml_and_schema_changes_ends_exact() {
         match landed {
             6 => phase.store(PHASE_ADD, Ordering::Relaxed),
             11 => phase.store(PHASE_DROP, Ordering::Relaxed),
-            15 => tables = add_table_to_tables(&url, tables),
             _ => {}
+        }
+        if landed >= 15 && !table_added {
+            tables = add_table_to_tables(&url, tables);
+            table_added = true;
         }
     }
     assert!(

@@ -1102,20 +1102,22 @@ fn statement_sql(schema: &str, target: &Target, shape: Shape, columns: &[String]
         )
     } else {
         // `json` and `jsonb` columns from their JSON text (see `payload`), the rest as
-        // `jsonb_populate_record` makes them.
+        // `jsonb_populate_record` makes them. Every name is qualified (`e._ws_ev`, not `e`):
+        // a bare `e` would be the record's column of that name where the table has one.
         let picks: String = sent
             .iter()
             .map(|c| match &target.kinds.get(c) {
                 Some(ColumnKind::Json(ty)) => {
-                    format!("(e->'r'->>{})::{ty} AS {}, ", literal(c), ident(c))
+                    format!("(e._ws_ev->'r'->>{})::{ty} AS {}, ", literal(c), ident(c))
                 }
                 _ => format!("r.{}, ", ident(c)),
             })
             .collect();
         format!(
-            "SELECT {picks}(e->>'p')::bigint AS _ws_rank \
-             FROM jsonb_array_elements($1::jsonb) e, LATERAL jsonb_populate_record(NULL::{t}, e->'r') r{}",
-            above("(e->>'p')::bigint")
+            "SELECT {picks}(e._ws_ev->>'p')::bigint AS _ws_rank \
+             FROM jsonb_array_elements($1::jsonb) AS e(_ws_ev), \
+             LATERAL jsonb_populate_record(NULL::{t}, e._ws_ev->'r') r{}",
+            above("(e._ws_ev->>'p')::bigint")
         )
     };
     // One row per key, the newest: the planner keeps one event per key as the client spells

@@ -396,6 +396,71 @@ async fn json_columns_keep_their_exact_text() {
     not(servers),
     ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
 )]
+async fn columns_named_like_the_statements_aliases_are_applied() {
+    // A `json` column sends the rows through `jsonb_populate_record`, whose statement names
+    // its events `e`, its records `r` and its rows `v`, `w` and `t`: columns of those names
+    // must not be taken for them (found by cli/tests/cdc_kill_loop.rs, an `e mood[]`).
+    let mut t = Target::new("aliases", "").await;
+    let s = t.schema.clone();
+    t.admin
+        .batch_execute(&format!(
+            "CREATE TYPE {s}.mood AS ENUM ('sad', 'ok'); \
+             CREATE TABLE {s}.a (id int PRIMARY KEY, e {s}.mood[], r text, p int, v text, w text, u text, js json);"
+        ))
+        .await
+        .unwrap();
+    let ev = |op: &str, lsn: u64, id: i32, after: bool| {
+        let img = json!({"id": id, "e": "{sad,ok}", "r": format!("r{lsn}"), "p": lsn,
+                         "v": "v", "w": "w", "u": "u", "js": r#"{"b":1,  "a":2}"#});
+        let (before, after) = if after {
+            (Value::Null, img)
+        } else {
+            (json!({"id": id}), Value::Null)
+        };
+        json!({"before": before, "after": after, "op": op, "ts_ms": 0,
+               "source": {"db": "src", "schema": "public", "table": "a", "lsn": lsn}})
+    };
+    t.epoch(&[
+        ev("c", 10, 1, true),
+        ev("c", 11, 2, true),
+        ev("c", 12, 3, true),
+    ])
+    .await
+    .expect("inserts");
+    // Out of order (guarded): an update, a delete and an older replay.
+    t.epoch(&[
+        ev("u", 20, 1, true),
+        ev("d", 21, 2, false),
+        ev("c", 5, 3, true),
+    ])
+    .await
+    .expect("update, delete and replay");
+    let got: Vec<String> = t
+        .admin
+        .query(
+            &format!("SELECT ROW(id, e, r, p, v, w, u, js)::text FROM {s}.a ORDER BY id"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            r#"(1,"{sad,ok}",r20,20,v,w,u,"{""b"":1,  ""a"":2}")"#,
+            r#"(3,"{sad,ok}",r12,12,v,w,u,"{""b"":1,  ""a"":2}")"#
+        ]
+    );
+    t.drop_schema().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
 async fn replayed_old_ranges_and_duplicates_change_nothing() {
     let mut t = Target::new("replay", "").await;
     let first = vec![

@@ -8,6 +8,7 @@ mod common;
 
 mod cdc;
 mod cdc_exact_contents;
+mod cdc_kill_loop;
 mod cli;
 mod exactly_once;
 mod follow_rotation;

@@ -13,15 +13,15 @@
 //! (`ROW(col, ...)::text`, each value through its type's output function) the same multiset.
 //! It also asserts how many kills landed in a run that was doing work.
 //!
-//! A table added to `tables=` mid-run is refused by design today; [`add_table_to_tables`]
-//! marks where that step goes once add-and-snapshot exists.
+//! After the 15th landed kill a third table, `"Added Later"` (a `json` column with duplicate
+//! keys, a stored generated column, 2,000 rows), is created and added to the runs' `tables=`
+//! ([`add_table_to_tables`]); the writer changes it from then on, so its snapshot is taken on
+//! resume while it changes and under the remaining kills, and it is compared as the others.
 //!
 //! Needs WALSINK_TEST_SERVERS=1 and the PostgreSQL binaries (it says it is skipped
 //! otherwise). WALSINK_KILL_SEED=N repeats a run's random choices.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -281,15 +281,43 @@ fn schema_change(phase: u8) -> &'static str {
     }
 }
 
-/// Where a table added to `tables=` of the running pipeline would be created, filled and
-/// put in the next run's `tables=`. Today a changed `tables=` is refused on resume by design
-/// (docs/targets/cdc.md, "Changing `tables=`"), so this does nothing and returns the tables
-/// unchanged; once add-and-snapshot exists it creates a table, fills it, returns the list
-/// with it added, and [`compare`] covers it like the others.
-fn add_table_to_tables(_source: &str, tables: Vec<String>) -> Vec<String> {
-    // HOOK (issue #30, item 3): CREATE TABLE "Added Later" (...); INSERT ...; then
-    // `tables.push("\"Added Later\"".into())` and let the writer change it too.
+/// The table added to `tables=` of the running pipeline: created and filled on the source,
+/// then put in the next runs' `tables=` (docs/targets/cdc.md, "Changing `tables=`": it is
+/// added to the publication and snapshotted on resume).
+const ADDED: &str = r#"
+CREATE TABLE "Added Later" (
+    "Key" int PRIMARY KEY,
+    doc json,
+    "N" numeric(8,3),
+    "Twice" numeric GENERATED ALWAYS AS ("N" * 2) STORED,
+    note text
+);
+INSERT INTO "Added Later" ("Key", doc, "N", note)
+    SELECT g, ('{"z":' || g || ',  "a": 1, "a": 2}')::json, g / 3.0, 'before ' || g
+    FROM generate_series(1, 2000) g;
+"#;
+
+fn add_table_to_tables(source: &str, mut tables: Vec<String>) -> Vec<String> {
+    q(source, ADDED);
+    tables.push("\"Added Later\"".into());
     tables
+}
+
+/// One change of the added table: an insert or re-insert, an update, or a delete.
+fn added_change(rng: &mut fastrand::Rng) -> String {
+    let k = rng.i32(1..3000);
+    match rng.u8(0..3) {
+        0 => format!(
+            r#"INSERT INTO "Added Later" ("Key", doc, "N", note) VALUES ({k}, '{{"k": {k},   "k": {}}}'::json, {}.125, 'new')
+               ON CONFLICT ("Key") DO UPDATE SET note = 'again', "N" = EXCLUDED."N""#,
+            rng.u32(..100),
+            rng.u32(..10_000)
+        ),
+        1 => format!(
+            r#"UPDATE "Added Later" SET "N" = "N" + 1, doc = '{{"u":  {k}}}'::json WHERE "Key" = {k}"#
+        ),
+        _ => format!(r#"DELETE FROM "Added Later" WHERE "Key" = {k}"#),
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -486,13 +514,16 @@ fn source_kill_loop_with_random_dml_and_schema_changes_ends_exact() {
     let stop = Arc::new(AtomicU8::new(0));
     let txns = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
+    // Set once the added table exists: the writer changes it too from then on.
+    let added_on = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
-        let (url, phase, stop, txns, failed) = (
+        let (url, phase, stop, txns, failed, added_on) = (
             url.clone(),
             phase.clone(),
             stop.clone(),
             txns.clone(),
             failed.clone(),
+            added_on.clone(),
         );
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -512,7 +543,10 @@ fn source_kill_loop_with_random_dml_and_schema_changes_ends_exact() {
                             .await
                             .unwrap_or_else(|e| panic!("{}: {e}", schema_change(done)));
                     }
-                    let sql = writer_txn(&mut rng, done);
+                    let mut sql = writer_txn(&mut rng, done);
+                    if added_on.load(Ordering::Relaxed) && rng.u8(0..3) == 0 {
+                        sql.push_str(&format!("\nBEGIN; {}; COMMIT;", added_change(&mut rng)));
+                    }
                     if let Err(e) = c.batch_execute(&sql).await {
                         let _ = c.batch_execute("ROLLBACK").await;
                         failed.fetch_add(1, Ordering::Relaxed);
@@ -574,6 +608,7 @@ fn source_kill_loop_with_random_dml_and_schema_changes_ends_exact() {
         }
         if landed >= 15 && !table_added {
             tables = add_table_to_tables(&url, tables);
+            added_on.store(true, Ordering::Relaxed);
             table_added = true;
         }
     }
@@ -606,7 +641,9 @@ fn source_kill_loop_with_random_dml_and_schema_changes_ends_exact() {
     );
     let mut bad = Vec::new();
     let mut counts = Vec::new();
-    for table in ["Orders", "Kv Store"] {
+    assert!(table_added, "the table was not added mid-run");
+    let added_rows = one(&url, r#"SELECT count(*)::text FROM replica."Added Later""#);
+    for table in ["Orders", "Kv Store", "Added Later"] {
         let (b, n) = compare(&url, table);
         bad.extend(b);
         counts.push(format!("{table} {n}"));
@@ -619,7 +656,7 @@ fn source_kill_loop_with_random_dml_and_schema_changes_ends_exact() {
         "kill loop (seed {seed}): {kills} SIGKILLs, {landed} after the run had committed, \
          delays {}..{} ms (last base {base}); {} writer transactions ({} failed), {events} row \
          changes on the source (snapshot included); rows {}; duplicate-key json rows in the \
-         replica {json_odd}; loop {loop_secs:.1} s, catch-up {catch_up:.1} s",
+         replica {json_odd}; rows of the added table in the replica {added_rows}; loop {loop_secs:.1} s, catch-up {catch_up:.1} s",
         delays.iter().min().unwrap(),
         delays.iter().max().unwrap(),
         txns.load(Ordering::Relaxed),

@@ -112,9 +112,20 @@ fn connection_killer(
 
 /// Rounds of: one run per failpoint, armed at a random delivery (1 to 3) of that run, which
 /// aborts the process there; then one run with its connections killed by the server now and
-/// then, SIGKILLed after a random delay.
-fn kill_loop(a: &[String], user: &str, failpoints: &[&str], rounds: u32, seed: u64) -> Kills {
+/// then, SIGKILLed after a random delay. Before each of those runs `grow` appends lines to
+/// the input, so the run has work to be killed in however fast the build and the machine
+/// are; and the delay shrinks while runs end before it, so the kills land in debug and
+/// release, idle and loaded.
+fn kill_loop(
+    a: &[String],
+    user: &str,
+    failpoints: &[&str],
+    rounds: u32,
+    seed: u64,
+    grow: &mut dyn FnMut(),
+) -> Kills {
     let mut rng = fastrand::Rng::with_seed(seed);
+    let mut longest = 1500u64;
     let mut k = Kills::default();
     let killed = Arc::new(AtomicU32::new(0));
     for _ in 0..rounds {
@@ -134,6 +145,7 @@ fn kill_loop(a: &[String], user: &str, failpoints: &[&str], rounds: u32, seed: u
                 eprintln!("{spec} did not fire: {}", stderr(&o).trim());
             }
         }
+        grow();
         let on = Arc::new(AtomicBool::new(true));
         let killer = connection_killer(user.to_string(), on.clone(), killed.clone());
         let mut child = Command::new(env!("CARGO_BIN_EXE_walsink"))
@@ -144,11 +156,13 @@ fn kill_loop(a: &[String], user: &str, failpoints: &[&str], rounds: u32, seed: u
             .spawn()
             .unwrap();
         k.runs += 1;
-        let delay = Duration::from_millis(rng.u64(300..=1500));
+        let delay = Duration::from_millis(rng.u64(longest / 5..=longest));
         let t = Instant::now();
         loop {
             if let Some(st) = child.try_wait().unwrap() {
                 assert!(st.success(), "a run ended with {st}");
+                // It ended before its kill: the next kill comes sooner.
+                longest = (longest / 2).max(50);
                 break;
             }
             if t.elapsed() >= delay {
@@ -169,7 +183,7 @@ fn kill_loop(a: &[String], user: &str, failpoints: &[&str], rounds: u32, seed: u
 fn kill_loop_into(mode: &str, failpoints: &[&str], seed: u64) {
     let d = tempfile::tempdir().unwrap();
     let (inp, wal) = (d.path().join("in.txt"), d.path().join("wal"));
-    let want = lines("my", 0, 60_000);
+    let mut want = lines("my", 0, 60_000);
     write_lines(&inp, &want);
     let table = unique("kill");
     let sink_id = unique("k").replace('_', "-");
@@ -186,7 +200,21 @@ fn kill_loop_into(mode: &str, failpoints: &[&str], seed: u64) {
         &sink,
         &["--checkpoint-every", "100", "--sink-id", &sink_id],
     );
-    let k = kill_loop(&a, &user, failpoints, 6, seed);
+    let mut grow = || {
+        let more = lines("my", want.len(), want.len() + 10_000);
+        let mut body = Vec::new();
+        for l in &more {
+            body.extend_from_slice(l);
+            body.push(b'\n');
+        }
+        std::io::Write::write_all(
+            &mut std::fs::OpenOptions::new().append(true).open(&inp).unwrap(),
+            &body,
+        )
+        .unwrap();
+        want.extend(more);
+    };
+    let k = kill_loop(&a, &user, failpoints, 6, seed, &mut grow);
     let o = run(&a, None);
     assert!(o.status.success(), "{}", stderr(&o));
     let got = table_lines(&table, &sink_id);
@@ -215,7 +243,11 @@ fn kill_loop_into(mode: &str, failpoints: &[&str], seed: u64) {
     let markers = sql(&format!(
         "SELECT count(*) FROM walsink_markers WHERE sink_id = '{sink_id}'"
     ));
-    assert_eq!(markers.trim(), "600", "one marker per epoch");
+    assert_eq!(
+        markers.trim(),
+        (want.len() / 100).to_string(),
+        "one marker per epoch of 100 lines"
+    );
     let prefix = walsink_mysql::xa::gtrid_prefix(&sink_id, 0);
     let left = walsink_xa_left(Some(&prefix));
     assert!(left.is_empty(), "no XA transaction left: {left:?}");

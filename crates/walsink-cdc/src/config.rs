@@ -24,11 +24,8 @@ pub struct PgUrl {
 }
 
 fn decode(s: &str, what: &str) -> Result<String, String> {
-    use walsink_postgres::config::{decode_url_part, UrlPartError};
-    decode_url_part(s, false).map_err(|e| match e {
-        UrlPartError::BadEscape => format!("bad percent-escape in the {what}"),
-        UrlPartError::NotUtf8 => format!("the {what} is not UTF-8 once decoded"),
-    })
+    // The kit's one rule for every target URL: strict escapes, `+` kept a plus sign.
+    walsink_kit::params::percent_decode(s).map_err(|e| format!("the {what} {e}"))
 }
 
 impl PgUrl {

@@ -142,46 +142,6 @@ fn pg_timeout(d: Duration, what: &str) -> Result<Duration, ConfigError> {
     Ok(d)
 }
 
-/// Why [`decode_url_part`] refused a part of a URL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UrlPartError {
-    /// A `%` not followed by two hex digits.
-    BadEscape,
-    /// The decoded bytes are not UTF-8.
-    NotUtf8,
-}
-
-/// Percent-decodes one part of a `postgres://` URL strictly (a `%` must start a two-digit hex
-/// escape). `+` stays a plus sign in every part of a URL, as libpq reads URIs (and as every
-/// walsink target reads its URL); `plus_is_space` is for form-encoded text only. Shared with
-/// the change data capture crate's URL parser.
-pub fn decode_url_part(s: &str, plus_is_space: bool) -> Result<String, UrlPartError> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = s
-                    .get(i + 1..i + 3)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or(UrlPartError::BadEscape)?;
-                out.push(hex);
-                i += 3;
-            }
-            b'+' if plus_is_space => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| UrlPartError::NotUtf8)
-}
-
 /// `url` with the password (and secret query parameters) replaced by `***`: the rule every
 /// walsink crate uses, [`walsink::redact_url`].
 pub fn redact(url: &str) -> String {

@@ -16,7 +16,10 @@ mod wal;
 
 pub use buffer_pool::BufferPool;
 pub use config::{validate_sink_id, FullPolicy, Mode, Options, RecoveryMode, RetryPolicy};
-pub use delivery::catalog::{CheckpointState, Health, PendingCheckpoint};
+pub use delivery::catalog::{
+    CheckpointState, DurationHistogram, ErrorCounts, Health, PendingCheckpoint,
+    COMMIT_DURATION_BOUNDS,
+};
 pub use delivery::commit_store::{CommitStore, LocalCommitStore, MemoryCommitStore};
 pub use delivery::committer::Committer;
 #[cfg(feature = "failpoints")]

@@ -73,6 +73,10 @@ pub struct CdcArgs {
     /// No notices and no progress (errors are still printed).
     #[arg(long)]
     pub quiet: bool,
+    /// With --input: serve the log's figures as Prometheus text at http://HOST:PORT/metrics
+    /// while it runs, as `pipe --metrics-addr` does.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
 }
 
 /// A multi-thread runtime shared by the sink's connection and the command.
@@ -179,6 +183,7 @@ pub fn run(args: CdcArgs) -> CliResult<ExitCode> {
                 progress_interval: args.progress_interval,
                 json: false,
                 quiet: args.quiet,
+                metrics_addr: args.metrics_addr.clone(),
             };
             let position = config_position(&target.config);
             let hooks = crate::pipe::Hooks {

@@ -234,6 +234,7 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
         progress_interval: Duration::from_secs(10),
         json: false,
         quiet: true,
+        metrics_addr: None,
     };
     let note = |s: String| {
         if !args.quiet {

@@ -28,6 +28,7 @@ mod demo;
 #[cfg(feature = "cdc")]
 mod demo_cdc;
 mod logging;
+mod metrics;
 #[cfg(feature = "cdc")]
 mod outcome;
 mod pipe;
@@ -82,6 +83,17 @@ enum Command {
         #[arg(long)]
         sink: Option<String>,
     },
+    /// Print a log's figures for monitoring, read from its files (the log may be running):
+    /// backlog, oldest pending epoch, committed checkpoint, segments, free disk, as
+    /// Prometheus text (for a node exporter's textfile collector) or JSON with the same names.
+    /// Exit 1 when the log has problems (`walsink verify` names them).
+    Status {
+        /// The log directory.
+        dir: PathBuf,
+        /// Print JSON to stdout.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the records in a log: one line per record (checkpoint, index, state, text), or
     /// JSON. Exit 1 with a warning when the log is damaged (the valid prefix is printed).
     Dump(tools::DumpArgs),
@@ -130,6 +142,7 @@ impl Command {
             Command::Pipe(a) => a.json,
             Command::Inspect { json, .. }
             | Command::Verify { json, .. }
+            | Command::Status { json, .. }
             | Command::Repair { json, .. } => *json,
             Command::Dump(a) => a.json,
             #[cfg(feature = "cdc")]
@@ -163,6 +176,7 @@ fn main() -> ExitCode {
         Command::Pipe(args) => pipe::run(args),
         Command::Inspect { dir, json, sink } => tools::inspect(&dir, json, sink.as_deref()),
         Command::Dump(args) => tools::dump(&args),
+        Command::Status { dir, json } => metrics::status(&dir, json),
         Command::Verify { dir, json, quiet } => tools::verify(&dir, json, quiet),
         Command::Repair {
             dir,

@@ -415,7 +415,13 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
     if let Some(b) = args.max_backlog_bytes {
         opts = opts.max_backlog_bytes(b, FullPolicy::Reject);
     }
+    let metrics = args
+        .metrics_addr
+        .as_deref()
+        .map(crate::metrics::Bound::bind)
+        .transpose()?;
     let (wal, report) = WalSink::open(&args.wal, opts).map_err(|e| explain_open(e, &args.wal))?;
+    let wal = std::sync::Arc::new(wal);
     let target = target_of(&sink_spec)?;
     let resume = resume::decide(
         &report,
@@ -460,6 +466,18 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
     if let Some(&last) = report.pending.last() {
         wal.checkpoint_complete(last)?;
     }
+    let _metrics = match metrics {
+        Some(bound) => {
+            let labels = crate::metrics::Labels {
+                sink: args.sink_id.clone(),
+                shard: wal.subtask(),
+            };
+            let e = bound.serve(wal.clone(), labels, &args.wal, args.max_backlog_bytes)?;
+            notice(format!("metrics at http://{}/metrics", e.addr));
+            Some(e)
+        }
+        None => None,
+    };
     let watch = Watch::default();
     let sink: Box<dyn Sink> = match &sink_spec {
         SinkSpec::Dir(out) => Box::new(Watched::new(

@@ -71,6 +71,12 @@ pub struct PipeArgs {
     /// No progress output and no notices (errors are still printed).
     #[arg(long)]
     pub quiet: bool,
+    /// Serve the log's figures as Prometheus text at http://HOST:PORT/metrics while the pipe
+    /// runs (backlog, commit durations, deliveries, retries by class, free disk;
+    /// docs/metrics.md lists them). A port already taken is an error at start. Port 0 picks a
+    /// free one, printed in the start notice.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
 }
 
 /// The long help of `--sink`: every target this build knows, URL schemes included.

@@ -101,6 +101,96 @@ pub struct Health {
     pub free_segments: u64,
     /// True after a failed sync: reopen the log.
     pub poisoned: bool,
+    /// Payload bytes delivered since open.
+    pub delivered_bytes: u64,
+    /// Failed delivery or commit-store attempts since open, by class; they add up to
+    /// [`Health::errors`].
+    pub error_counts: ErrorCounts,
+    /// Commit durations since open, one observation per epoch committed by this process:
+    /// from the epoch becoming deliverable (its checkpoint completed) to its commit mark.
+    /// [`Health::last_commit_latency`] is the newest observation.
+    pub commit_durations: DurationHistogram,
+    /// Wall time since open during which appends waited for the backlog budget
+    /// ([`Options::max_backlog_bytes`](crate::Options::max_backlog_bytes) used up under
+    /// [`FullPolicy::Block`](crate::FullPolicy::Block)); overlapping waits count once.
+    pub append_blocked: Duration,
+    /// Damage of durable data met since open: found by recovery
+    /// ([`RecoveryReport::corruption`](crate::RecoveryReport::corruption)) or by a read of a
+    /// sealed epoch whose checksum no longer matches.
+    pub corruptions: u64,
+}
+
+/// Failures of delivery since open, by class (see [`Health::error_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ErrorCounts {
+    /// Sink errors classed [`SinkErrorClass::Retryable`](crate::SinkErrorClass::Retryable):
+    /// a connection, a timeout, a 5xx, a serialization failure.
+    pub retryable: u64,
+    /// Sink errors classed [`SinkErrorClass::Permanent`](crate::SinkErrorClass::Permanent):
+    /// authentication, a missing table; retried at the longest backoff.
+    pub permanent: u64,
+    /// Failures of the log or the commit store: I/O, a corrupt frame met while reading.
+    pub log: u64,
+}
+
+/// The upper bounds of [`DurationHistogram`]'s buckets: 1 ms to 60 s, in the 1-2.5-5 steps
+/// of Prometheus' default buckets.
+pub const COMMIT_DURATION_BOUNDS: [Duration; 15] = [
+    Duration::from_millis(1),
+    Duration::from_micros(2_500),
+    Duration::from_millis(5),
+    Duration::from_millis(10),
+    Duration::from_millis(25),
+    Duration::from_millis(50),
+    Duration::from_millis(100),
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_millis(2_500),
+    Duration::from_secs(5),
+    Duration::from_secs(10),
+    Duration::from_secs(30),
+    Duration::from_secs(60),
+];
+
+/// A histogram of durations over the fixed bounds [`COMMIT_DURATION_BOUNDS`]: the shape of a
+/// Prometheus histogram (cumulative buckets, a sum and a count), kept without allocation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DurationHistogram {
+    /// `counts[i]` observations fell in `(bounds[i-1], bounds[i]]` (from zero for `i = 0`);
+    /// the last element counts those above the last bound.
+    pub counts: [u64; COMMIT_DURATION_BOUNDS.len() + 1],
+    /// The sum of every observation.
+    pub sum: Duration,
+    /// The number of observations.
+    pub count: u64,
+}
+
+impl DurationHistogram {
+    /// The bucket bounds, ascending (the last bucket, above them, is unbounded).
+    pub fn bounds(&self) -> &'static [Duration] {
+        &COMMIT_DURATION_BOUNDS
+    }
+
+    /// Observations at or below each bound, then the count of all (Prometheus' `le` buckets,
+    /// `+Inf` last).
+    pub fn cumulative(&self) -> [u64; COMMIT_DURATION_BOUNDS.len() + 1] {
+        let mut out = self.counts;
+        for i in 1..out.len() {
+            out[i] += out[i - 1];
+        }
+        out
+    }
+
+    /// Adds one observation.
+    pub(crate) fn observe(&mut self, d: Duration) {
+        let i = COMMIT_DURATION_BOUNDS.partition_point(|b| *b < d);
+        self.counts[i] += 1;
+        self.sum = self.sum.saturating_add(d);
+        self.count += 1;
+    }
 }
 
 impl Health {
@@ -138,6 +228,8 @@ pub(crate) struct Catalog {
     /// Recycled segments waiting for reuse.
     pub free: Vec<u64>,
     pub health: Health,
+    /// Since when appends have waited for the backlog budget, while one does.
+    pub blocked_since: Option<std::time::Instant>,
     pub shutdown: bool,
     /// Sum of `bytes` over `epochs`.
     backlog: u64,
@@ -181,6 +273,19 @@ impl Catalog {
         any
     }
 
+    /// An append found the backlog budget used up and waits (or will try again).
+    pub fn blocked(&mut self) {
+        self.blocked_since
+            .get_or_insert_with(std::time::Instant::now);
+    }
+
+    /// An append found room in the backlog budget: a wait in progress ends and is counted.
+    pub fn unblocked(&mut self) {
+        if let Some(since) = self.blocked_since.take() {
+            self.health.append_blocked += since.elapsed();
+        }
+    }
+
     /// True when checkpoint `id` is covered by a completion.
     pub fn is_deliverable(&self, id: u64) -> bool {
         self.completed.is_some_and(|c| id <= c)
@@ -190,6 +295,19 @@ impl Catalog {
     #[cfg(test)]
     pub fn next_deliverable(&self) -> Option<&EpochInfo> {
         self.epochs.front().filter(|e| self.is_deliverable(e.id))
+    }
+
+    /// Every epoch at or below `id` was committed by this process: drops them as
+    /// [`Catalog::committed_through`] does and observes each one's commit duration.
+    pub fn marked_through(&mut self, id: u64) {
+        let now = std::time::Instant::now();
+        for (_, since) in self.deliverable_since.iter().take_while(|(e, _)| *e <= id) {
+            let d = now.saturating_duration_since(*since);
+            self.health.commit_durations.observe(d);
+        }
+        if let Some(latency) = self.committed_through(id) {
+            self.health.last_commit_latency = Some(latency);
+        }
     }
 
     /// Drops every epoch at or below `id`, which the commit store now covers. Returns the
@@ -253,6 +371,9 @@ impl Catalog {
         h.completed = self.completed;
         h.segments = self.segments.len() as u64;
         h.free_segments = self.free.len() as u64;
+        if let Some(since) = self.blocked_since {
+            h.append_blocked += since.elapsed();
+        }
         h
     }
 

@@ -326,7 +326,7 @@ impl Deliverer {
         failpoint("committer::deliver::after")?;
         self.d.delivered = Some(p.info.id);
         self.d.unmarked += 1;
-        self.shared.note_delivered(p.info.records);
+        self.shared.note_delivered(p.info.records, p.info.bytes);
         Ok(())
     }
 

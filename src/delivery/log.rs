@@ -42,8 +42,8 @@ pub(crate) trait DeliveryLog: Send + Sync + std::fmt::Debug {
     /// Removes free files kept while a backlog drained (I/O), when nothing is deliverable.
     fn trim_idle(&self) -> Result<()>;
 
-    /// A sink took an epoch of `records` records.
-    fn note_delivered(&self, records: u64);
+    /// A sink took an epoch of `records` records and `bytes` payload bytes.
+    fn note_delivered(&self, records: u64, bytes: u64);
 
     /// A deliverer found nothing deliverable, every delivered epoch marked and the freeing
     /// done: an error shown before is no longer current.

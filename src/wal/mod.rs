@@ -495,6 +495,7 @@ impl WalSink {
         loop {
             let backlog = cat.backlog_bytes() + sh.open_bytes.load(Ordering::Relaxed);
             if backlog < limit {
+                cat.unblocked();
                 return Ok(true);
             }
             if cat.shutdown {
@@ -508,6 +509,7 @@ impl WalSink {
                 }
                 .into());
             }
+            cat.blocked();
             if !wait {
                 return Ok(false);
             }

@@ -91,6 +91,7 @@ impl WalSink {
         report.pending = cat.epochs.iter().map(|e| e.id).collect();
         report.pending_records = cat.epochs.iter().map(|e| e.records).sum();
         report.next_checkpoint_id = min_next_id.unwrap_or(u64::MAX);
+        cat.health.corruptions = u64::from(report.corruption.is_some());
 
         let writer = Writer {
             seg,

@@ -4,7 +4,7 @@
 use super::Shared;
 use crate::delivery::catalog::EpochInfo;
 use crate::delivery::log::{DeliveryLog, DeliveryState};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result, SinkErrorClass};
 use crate::{Epoch, EpochKey, RetryPolicy};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -45,10 +45,7 @@ impl DeliveryLog for Shared {
                 .mark_committed(&self.sink_id, self.opts.subtask, id)
         })?;
         let mut cat = self.cat.lock();
-        let latency = cat.committed_through(id);
-        if latency.is_some() {
-            cat.health.last_commit_latency = latency;
-        }
+        cat.marked_through(id);
         cat.health.clear_error();
         self.catalog_changed();
         Ok(())
@@ -70,11 +67,12 @@ impl DeliveryLog for Shared {
         )
     }
 
-    /// A sink took an epoch of `records` records.
-    fn note_delivered(&self, records: u64) {
+    /// A sink took an epoch of `records` records and `bytes` payload bytes.
+    fn note_delivered(&self, records: u64, bytes: u64) {
         let mut cat = self.cat.lock();
         cat.health.delivered_epochs += 1;
         cat.health.delivered_records += records;
+        cat.health.delivered_bytes += bytes;
         cat.health.clear_error();
     }
 
@@ -88,6 +86,15 @@ impl DeliveryLog for Shared {
     fn note_error(&self, e: &Error, attempt: u32) {
         let mut cat = self.cat.lock();
         cat.health.errors += 1;
+        let counts = &mut cat.health.error_counts;
+        match e.kind() {
+            ErrorKind::Sink(s) if s.class() == SinkErrorClass::Retryable => counts.retryable += 1,
+            ErrorKind::Sink(_) => counts.permanent += 1,
+            _ => counts.log += 1,
+        }
+        if matches!(e.kind(), ErrorKind::Corruption(_)) {
+            cat.health.corruptions += 1;
+        }
         cat.health.retries = attempt;
         cat.health.last_error = Some(e.to_string());
     }

@@ -21,6 +21,7 @@ mod flink_scenarios;
 #[cfg(feature = "simulation")]
 mod fuzz_targets;
 mod group_commit;
+mod health_figures;
 mod loss_reporting;
 #[cfg(feature = "simulation")]
 mod model;

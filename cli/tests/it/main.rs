@@ -15,6 +15,7 @@ mod follow_rotation;
 #[cfg(feature = "http")]
 mod http;
 mod large_epochs;
+mod metrics;
 mod mysql;
 mod nats_pipe;
 #[cfg(feature = "nats")]

@@ -448,6 +448,42 @@ mod tests {
     }
 
     #[test]
+    fn a_duration_on_a_bound_counts_in_that_bucket() {
+        let mut h = DurationHistogram::default();
+        h.observe(Duration::ZERO);
+        h.observe(Duration::from_millis(1));
+        h.observe(Duration::from_micros(1001));
+        h.observe(Duration::from_secs(3600));
+        assert_eq!(&h.counts[..3], &[2, 1, 0]);
+        assert_eq!(
+            h.counts[COMMIT_DURATION_BOUNDS.len()],
+            1,
+            "above the last bound"
+        );
+        let c = h.cumulative();
+        assert_eq!((c[0], c[1], c[COMMIT_DURATION_BOUNDS.len()]), (2, 3, 4));
+        assert_eq!(h.count, 4);
+        assert_eq!(h.sum, Duration::from_micros(3_600_002_001));
+    }
+
+    #[test]
+    fn only_marked_epochs_are_timed() {
+        let mut c = Catalog::default();
+        c.seal(epoch(5));
+        c.seal(epoch(6));
+        c.seal(epoch(7));
+        c.complete(7);
+        c.committed_through(5);
+        assert_eq!(
+            c.health.commit_durations.count, 0,
+            "found committed: not timed"
+        );
+        c.marked_through(7);
+        assert_eq!(c.health.commit_durations.count, 2);
+        assert!(c.health.last_commit_latency.is_some());
+    }
+
+    #[test]
     fn health_counts_backlog() {
         let mut c = Catalog::default();
         c.seal(epoch(5));

@@ -402,6 +402,12 @@ pub enum SinkErrorClass {
     /// A failure that retrying is unlikely to fix (bad credentials, missing table): retried at
     /// the longest backoff so an operator can fix the target; never skipped.
     Permanent,
+    /// The target refused the write because another log owns the shard, or this log's claim
+    /// is older than the owner's (a newer generation took the shard over): nothing of the
+    /// epoch was written, and retrying cannot help, so this log must stop delivering
+    /// (`docs/design.md`, "Owners and generations"). Retried like a permanent error by the
+    /// committer, which never skips; a program stops the log (the command line exits).
+    Fenced,
 }
 
 /// An error returned by a [`Sink`](crate::Sink).
@@ -434,6 +440,17 @@ impl SinkError {
         }
     }
 
+    /// A fenced error: another log, or a newer generation of this log, owns the shard in the
+    /// target ([`SinkErrorClass::Fenced`]).
+    pub fn fenced(message: impl Into<String>) -> Self {
+        SinkError {
+            class: SinkErrorClass::Fenced,
+            message: message.into(),
+            code: None,
+            source: None,
+        }
+    }
+
     /// Attaches the underlying error.
     pub fn with_source(
         mut self,
@@ -443,7 +460,7 @@ impl SinkError {
         self
     }
 
-    /// Retryable or permanent.
+    /// Retryable, permanent or fenced.
     pub fn class(&self) -> SinkErrorClass {
         self.class
     }
@@ -506,6 +523,7 @@ impl fmt::Display for SinkError {
         let class = match self.class {
             SinkErrorClass::Retryable => "retryable",
             SinkErrorClass::Permanent => "permanent",
+            SinkErrorClass::Fenced => "fenced",
         };
         write!(f, "{} ({class})", self.message)
     }

@@ -28,6 +28,7 @@ pub use delivery::deliverer::{
     Deliverer, DueMark, Landing, Loaded, MarkOutcome, Next, Pending, Plan, ReadAhead,
     ReadAheadEpoch, Turn, READ_AHEAD_MIN_BYTES,
 };
+pub use delivery::owner::{decide_claim, Claim, Owner};
 pub use delivery::sink::{
     Chunk, ChunkRecords, Chunks, Epoch, EpochKey, IntoChunks, Record, RecordPosition, Records, Sink,
 };

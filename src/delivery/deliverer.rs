@@ -350,8 +350,8 @@ impl Deliverer {
     /// after a permanent sink error (an operator has to act; retrying fast does not help).
     pub fn retry_delay(&self, e: &Error, attempt: u32) -> Duration {
         let retry = self.shared.retry_policy();
-        let permanent =
-            matches!(e.kind(), ErrorKind::Sink(s) if s.class() == SinkErrorClass::Permanent);
+        let permanent = matches!(e.kind(), ErrorKind::Sink(s)
+            if matches!(s.class(), SinkErrorClass::Permanent | SinkErrorClass::Fenced));
         if permanent {
             retry.max
         } else {

@@ -6,4 +6,5 @@ pub(crate) mod commit_store;
 pub(crate) mod committer;
 pub(crate) mod deliverer;
 pub(crate) mod log;
+pub(crate) mod owner;
 pub(crate) mod sink;

@@ -9,7 +9,7 @@ use crate::storage::{self, Storage};
 
 /// Reads the identity file: `Ok(None)` when there is none; an unreadable one is corruption
 /// (or an unknown version).
-pub(crate) fn read_identity(storage: &dyn Storage) -> Result<Option<(String, u32)>> {
+pub(crate) fn read_identity(storage: &dyn Storage) -> Result<Option<format::Identity>> {
     read_small_file(storage, IDENTITY_FILE, format::decode_identity)
 }
 

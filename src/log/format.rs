@@ -496,23 +496,55 @@ pub fn decode_small_file(magic: [u8; 8], b: &[u8]) -> Result<&[u8], HeaderError>
     Ok(&b[16..16 + len])
 }
 
-/// Encodes the identity file body: sink id and subtask.
-pub fn encode_identity(sink_id: &str, subtask: u32) -> Vec<u8> {
-    let mut body = Vec::with_capacity(4 + sink_id.len());
+/// What the identity file says: whose log a directory holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The sink id.
+    pub sink_id: String,
+    /// The subtask.
+    pub subtask: u32,
+    /// The log's own random id (32 lowercase hex digits), made when the log was created; `None`
+    /// in a log made before log ids existed (its next open writes one).
+    pub log_id: Option<String>,
+}
+
+/// The separator between the sink id and the log id in the identity body: not a character a
+/// sink id may hold.
+const LOG_ID_SEPARATOR: u8 = b'@';
+
+/// Encodes the identity file body: subtask, sink id and, after `@`, the log id.
+pub fn encode_identity(sink_id: &str, subtask: u32, log_id: &str) -> Vec<u8> {
+    let mut body = Vec::with_capacity(4 + sink_id.len() + 1 + log_id.len());
     body.extend_from_slice(&subtask.to_le_bytes());
     body.extend_from_slice(sink_id.as_bytes());
+    body.push(LOG_ID_SEPARATOR);
+    body.extend_from_slice(log_id.as_bytes());
     encode_small_file(IDENTITY_MAGIC, &body)
 }
 
-/// Decodes the identity file.
-pub fn decode_identity(b: &[u8]) -> Result<(String, u32), HeaderError> {
+/// Decodes the identity file (with or without a log id).
+pub fn decode_identity(b: &[u8]) -> Result<Identity, HeaderError> {
     let body = decode_small_file(IDENTITY_MAGIC, b)?;
     if body.len() < 4 {
         return Err(HeaderError::Bad);
     }
     let subtask = le_u32(body, 0);
-    let id = std::str::from_utf8(&body[4..]).map_err(|_| HeaderError::Bad)?;
-    Ok((id.to_string(), subtask))
+    let text = std::str::from_utf8(&body[4..]).map_err(|_| HeaderError::Bad)?;
+    let (sink_id, log_id) = match text.split_once(LOG_ID_SEPARATOR as char) {
+        Some((s, l)) if is_log_id(l) => (s, Some(l.to_string())),
+        Some(_) => return Err(HeaderError::Bad),
+        None => (text, None),
+    };
+    Ok(Identity {
+        sink_id: sink_id.to_string(),
+        subtask,
+        log_id,
+    })
+}
+
+/// Whether `s` has the shape of a log id: 32 lowercase hex digits.
+pub fn is_log_id(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Encodes the local commit store body: the highest committed checkpoint, if any.
@@ -629,8 +661,27 @@ mod tests {
 
     #[test]
     fn small_files_roundtrip() {
-        let b = encode_identity("orders-sink", 3);
-        assert_eq!(decode_identity(&b), Ok(("orders-sink".into(), 3)));
+        let id = "0123456789abcdef0123456789abcdef";
+        let b = encode_identity("orders-sink", 3, id);
+        assert_eq!(
+            decode_identity(&b),
+            Ok(Identity {
+                sink_id: "orders-sink".into(),
+                subtask: 3,
+                log_id: Some(id.into()),
+            })
+        );
+        // A log made before log ids: sink id and subtask only.
+        let mut body = 3u32.to_le_bytes().to_vec();
+        body.extend_from_slice(b"orders-sink");
+        let old = decode_identity(&encode_small_file(IDENTITY_MAGIC, &body)).unwrap();
+        assert_eq!((old.sink_id.as_str(), old.log_id), ("orders-sink", None));
+        // A separator followed by anything but a log id is damage.
+        body.extend_from_slice(b"@xyz");
+        assert_eq!(
+            decode_identity(&encode_small_file(IDENTITY_MAGIC, &body)),
+            Err(HeaderError::Bad)
+        );
         assert_eq!(decode_commit(&encode_commit(Some(42))), Ok(Some(42)));
         assert_eq!(decode_commit(&encode_commit(None)), Ok(None));
         let mut bad = encode_commit(Some(1));

@@ -104,6 +104,9 @@ pub struct VerifyReport {
     pub ok: bool,
     /// Sink id and subtask from the identity file, when it reads.
     pub identity: Option<(String, u32)>,
+    /// The log's id from the identity file (`None` when it does not read, or in a log made
+    /// before log ids).
+    pub log_id: Option<String>,
     /// Segment files with their sizes, in log order.
     pub segments: Vec<(String, u64)>,
     /// Data records in the valid prefix (sealed and unsealed).
@@ -206,7 +209,10 @@ pub fn verify(storage: &dyn Storage) -> Result<VerifyReport> {
 fn verify_once(storage: &dyn Storage) -> Result<VerifyReport> {
     let mut r = VerifyReport::default();
     match crate::log::files::read_identity(storage) {
-        Ok(Some(id)) => r.identity = Some(id),
+        Ok(Some(id)) => {
+            r.log_id = id.log_id;
+            r.identity = Some((id.sink_id, id.subtask));
+        }
         Ok(None) => r.problems.push(problem(
             IDENTITY_FILE,
             0,
@@ -394,7 +400,8 @@ pub fn dump(
         .list()
         .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
     let identity = crate::log::files::read_identity(storage).ok().flatten();
-    let (sink_id, subtask) = identity.unwrap_or_else(|| ("unknown".into(), 0));
+    let (sink_id, subtask) =
+        identity.map_or_else(|| ("unknown".into(), 0), |i| (i.sink_id, i.subtask));
     let sink_id: std::sync::Arc<str> = sink_id.into();
     let mut attempt = 0;
     // Damage to synced data where the previous pass found it, if it found any: a pass that

@@ -5,13 +5,17 @@
 //! not make durable.
 
 use crate::storage::{self, FsStorage, Storage, StorageFile, PRIVATE_DIR_MODE, PRIVATE_FILE_MODE};
-use crate::{Epoch, EpochKey, Sink, SinkError};
+use crate::{decide_claim, Claim, Epoch, EpochKey, Owner, Sink, SinkError};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const TMP_PREFIX: &str = ".tmp-";
 const META_EXT: &str = "meta";
+const OWNER_EXT: &str = "owner";
+/// How long a claim or a delivery waits for another process's step on the same shard's owner
+/// lock before it gives up (retryably).
+const OWNER_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Writes each epoch as one file in a directory: to a temporary file, synced, renamed to its
 /// final name, and the directory synced. The final name exists if and only if the whole epoch
@@ -36,6 +40,9 @@ pub struct DirSink {
     /// attempt wrote and synced, never a leftover of a failed one (whose contents were never
     /// synced) that happens to carry the same name.
     attempt: u64,
+    /// The shard this sink claimed ([`DirSink::claim`]): every delivery checks it under the
+    /// shard's owner lock.
+    claim: Option<Claim>,
 }
 
 /// One epoch found in a directory sink's target by [`DirSink::committed`].
@@ -135,6 +142,7 @@ impl DirSink {
             storage,
             keep_metadata: false,
             attempt: fastrand::u64(..),
+            claim: None,
         })
     }
 
@@ -148,6 +156,94 @@ impl DirSink {
     /// The target directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Claims the shard `(sink_id, subtask)` in the directory for `owner` (see
+    /// [`Owner`]): under the shard's lock file `{sink_id}-{subtask:05}.owner.lock`, reads
+    /// the owner file `{sink_id}-{subtask:05}.owner` (`{log id} {generation}`), applies
+    /// [`decide_claim`] and replaces the file durably with the new generation. From then on
+    /// every delivery takes the same lock and writes nothing unless the owner file still
+    /// holds this claim; otherwise it fails with [`SinkError::fenced`]. A sink that never
+    /// claims does not look at owners (as before owners existed).
+    ///
+    /// The lock is `flock`, so the fence holds between processes on one machine's file
+    /// system (not across machines sharing a network file system).
+    ///
+    /// # Errors
+    /// [`SinkError::fenced`] when another log owns the shard and `owner` does not take it
+    /// over; a retryable error when the lock stays busy for 10 s; the I/O error, naming the
+    /// file, otherwise.
+    pub fn claim(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+        owner: &Owner,
+    ) -> Result<Claim, SinkError> {
+        let stem = format!("{sink_id}-{subtask:05}");
+        let _guard = self.owner_lock(&stem)?;
+        let found = self.read_owner(&stem)?;
+        let claim = decide_claim(
+            sink_id,
+            subtask,
+            found.as_ref().map(|(o, g)| (o.as_str(), *g)),
+            owner,
+        )?;
+        let line = format!("{} {}\n", claim.owner, claim.generation);
+        self.write_file(&format!("{stem}.{OWNER_EXT}"), |w| {
+            w.write_all(line.as_bytes())
+        })?;
+        self.sync_dir()?;
+        self.claim = Some(claim.clone());
+        Ok(claim)
+    }
+
+    /// The owner record of `(sink_id, subtask)` in `dir`: `(log id, generation)`, `None` when
+    /// no log claimed the shard.
+    ///
+    /// # Errors
+    /// The I/O error; `InvalidData` for an owner file that does not parse.
+    pub fn owner_of(
+        dir: impl AsRef<Path>,
+        sink_id: &str,
+        subtask: u32,
+    ) -> io::Result<Option<(String, u64)>> {
+        let dir = dir.as_ref();
+        if !dir.exists() {
+            return Ok(None);
+        }
+        let storage = FsStorage::new(dir)?;
+        read_owner_in(&storage, &format!("{sink_id}-{subtask:05}"))
+    }
+
+    /// The shard's owner lock, waited for up to [`OWNER_LOCK_WAIT`].
+    fn owner_lock(&self, stem: &str) -> Result<Box<dyn Send + Sync + std::fmt::Debug>, SinkError> {
+        let name = format!("{stem}.{OWNER_EXT}.lock");
+        let start = std::time::Instant::now();
+        loop {
+            match self.storage.lock(&name) {
+                Ok(g) => return Ok(g),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if start.elapsed() >= OWNER_LOCK_WAIT {
+                        return Err(SinkError::retryable(format!(
+                            "the owner lock {} stayed busy for {OWNER_LOCK_WAIT:?} (another process is claiming or delivering this shard)",
+                            self.path(&name).display()
+                        )));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                Err(e) => return Err(with_path(e, "lock", &self.path(&name))),
+            }
+        }
+    }
+
+    fn read_owner(&self, stem: &str) -> Result<Option<(String, u64)>, SinkError> {
+        read_owner_in(&*self.storage, stem).map_err(|e| {
+            with_path(
+                e,
+                "read the owner file",
+                &self.path(&format!("{stem}.{OWNER_EXT}")),
+            )
+        })
     }
 
     fn stem(key: &EpochKey) -> String {
@@ -309,8 +405,49 @@ impl DirSink {
     }
 }
 
+/// Reads the owner file of shard `stem` (`{sink_id}-{subtask:05}`).
+fn read_owner_in(storage: &dyn Storage, stem: &str) -> io::Result<Option<(String, u64)>> {
+    let name = format!("{stem}.{OWNER_EXT}");
+    let data = match storage.open(&name) {
+        Ok(f) => storage::read_all(&*f)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let text = std::str::from_utf8(&data).ok();
+    let parsed = text
+        .and_then(|t| t.strip_suffix('\n'))
+        .and_then(|t| t.split_once(' '))
+        .and_then(|(o, g)| Some((o.to_string(), g.parse::<u64>().ok()?)))
+        .filter(|(o, _)| !o.is_empty() && !o.contains(char::is_whitespace));
+    parsed.map(Some).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the owner file {name} does not read as `LOG-ID GENERATION`"),
+        )
+    })
+}
+
 impl Sink for DirSink {
     fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
+        // A claimed shard: the owner file must still hold this claim, checked under the lock
+        // that a claim takes, and held until the epoch's name is durable.
+        let _owner_guard = match &self.claim {
+            Some(claim) => {
+                let key = epoch.key();
+                if *key.sink_id != *claim.sink_id || key.subtask != claim.subtask {
+                    return Err(SinkError::permanent(format!(
+                        "this sink claimed shard {}/{} and was given an epoch of {}/{}",
+                        claim.sink_id, claim.subtask, key.sink_id, key.subtask
+                    )));
+                }
+                let stem = format!("{}-{:05}", claim.sink_id, claim.subtask);
+                let guard = self.owner_lock(&stem)?;
+                let found = self.read_owner(&stem)?;
+                claim.check(found.as_ref().map(|(o, g)| (o.as_str(), *g)))?;
+                Some(guard)
+            }
+            None => None,
+        };
         // A first pass decides the format (the epoch is read again to write it).
         let mut text = true;
         'scan: for chunk in epoch.chunks() {
@@ -512,5 +649,89 @@ mod tests {
             .unwrap();
         let e = DirSink::new(&file).unwrap_err().to_string();
         assert!(e.contains("afile") && e.contains("not a directory"), "{e}");
+    }
+
+    /// Two logs under one sink id into one directory: the second is refused at its claim;
+    /// taking over fences the first at its next delivery, which writes nothing.
+    #[test]
+    fn a_second_log_is_refused_and_a_take_over_fences_the_first() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("out");
+        let first = one_epoch(&d.path().join("wal-a"));
+        let second = one_epoch(&d.path().join("wal-b"));
+        assert_ne!(first.log_id(), second.log_id());
+        let mut a = DirSink::new(&out).unwrap();
+        let ca = a.claim("dirsink", 0, &Owner::new(first.log_id())).unwrap();
+        assert_eq!(ca.generation, 1);
+        let mut b = DirSink::new(&out).unwrap();
+        let e = b
+            .claim("dirsink", 0, &Owner::new(second.log_id()))
+            .unwrap_err();
+        assert_eq!(e.class(), crate::SinkErrorClass::Fenced, "{e}");
+        assert!(e.message().contains(first.log_id()), "{e}");
+        let cb = b
+            .claim("dirsink", 0, &Owner::new(second.log_id()).take_over(true))
+            .unwrap();
+        assert_eq!(cb.generation, 2);
+        assert_eq!(
+            DirSink::owner_of(&out, "dirsink", 0).unwrap(),
+            Some((second.log_id().to_string(), 2))
+        );
+        let e = first.deliver_ready(&mut a).unwrap_err();
+        assert!(
+            matches!(e.kind(), crate::ErrorKind::Sink(s) if s.class() == crate::SinkErrorClass::Fenced),
+            "{e}"
+        );
+        assert!(DirSink::committed(&out, "dirsink", 0).unwrap().is_empty());
+        assert_eq!(second.deliver_ready(&mut b).unwrap(), 1);
+        assert_eq!(
+            DirSink::read_records(&out).unwrap(),
+            vec![b"a".to_vec(), b"b".to_vec()]
+        );
+    }
+
+    /// The same log claiming again (a restart, or a copy of its directory) raises the
+    /// generation: the older claim is fenced.
+    #[test]
+    fn a_new_claim_of_the_same_log_fences_its_older_claim() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("out");
+        let wal = one_epoch(&d.path().join("wal"));
+        let mut old = DirSink::new(&out).unwrap();
+        old.claim("dirsink", 0, &Owner::new(wal.log_id())).unwrap();
+        let mut new = DirSink::new(&out).unwrap();
+        assert_eq!(
+            new.claim("dirsink", 0, &Owner::new(wal.log_id()))
+                .unwrap()
+                .generation,
+            2
+        );
+        assert!(wal.deliver_ready(&mut old).is_err());
+        assert_eq!(wal.deliver_ready(&mut new).unwrap(), 1);
+    }
+
+    /// An owner file that does not parse is an error naming it, never taken as no owner.
+    #[test]
+    fn a_damaged_owner_file_is_refused_by_name() {
+        let d = tempfile::tempdir().unwrap();
+        let out = d.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        std::fs::write(out.join("dirsink-00000.owner"), b"garbage").unwrap();
+        let mut s = DirSink::new(&out).unwrap();
+        let e = s.claim("dirsink", 0, &Owner::new("x")).unwrap_err();
+        assert!(e.message().contains("dirsink-00000.owner"), "{e}");
+    }
+
+    /// The log id is made once and kept: the same across opens.
+    #[test]
+    fn the_log_id_survives_reopening() {
+        let d = tempfile::tempdir().unwrap();
+        let id = {
+            let (wal, _) = WalSink::open(d.path(), Options::new("dirsink")).unwrap();
+            assert!(crate::format::is_log_id(wal.log_id()), "{}", wal.log_id());
+            wal.log_id().to_string()
+        };
+        let (wal, _) = WalSink::open(d.path(), Options::new("dirsink")).unwrap();
+        assert_eq!(wal.log_id(), id);
     }
 }

@@ -32,22 +32,38 @@ pub(super) fn take_lock(storage: &dyn Storage) -> Result<Box<dyn Send + Sync + s
     }
 }
 
-/// Checks (or, for a new log, writes) the identity file. Returns true when this call created
-/// the log.
-pub(super) fn check_identity(storage: &dyn Storage, options: &Options) -> Result<bool> {
+/// Checks (or, for a new log, writes) the identity file. Returns whether this call created the
+/// log, and the log's id (written now for a new log, or for one made before log ids).
+pub(super) fn check_identity(storage: &dyn Storage, options: &Options) -> Result<(bool, String)> {
     let names = storage
         .list()
         .map_err(|e| Error::io(format!("list {}", storage.describe()), e))?;
     let given = format!("{}/{}", options.sink_id, options.subtask);
-    if let Some((id, subtask)) = crate::log::files::read_identity(storage)? {
-        if id != options.sink_id || subtask != options.subtask {
+    let write = |log_id: &str| {
+        crate::log::files::replace(
+            storage,
+            IDENTITY_FILE,
+            &format::encode_identity(&options.sink_id, options.subtask, log_id),
+        )
+        .map_err(|e| Error::io("write the identity file", e))
+    };
+    if let Some(found) = crate::log::files::read_identity(storage)? {
+        if found.sink_id != options.sink_id || found.subtask != options.subtask {
             return Err(ErrorKind::IdentityMismatch {
-                stored: format!("{id}/{subtask}"),
+                stored: format!("{}/{}", found.sink_id, found.subtask),
                 given,
             }
             .into());
         }
-        return Ok(false);
+        let log_id = match found.log_id {
+            Some(l) => l,
+            None => {
+                let l = new_log_id();
+                write(&l)?;
+                l
+            }
+        };
+        return Ok((false, log_id));
     }
     if names
         .iter()
@@ -66,14 +82,32 @@ pub(super) fn check_identity(storage: &dyn Storage, options: &Options) -> Result
         }
         .into());
     }
-    crate::log::files::replace(
-        storage,
-        IDENTITY_FILE,
-        &format::encode_identity(&options.sink_id, options.subtask),
-    )
-    .map_err(|e| Error::io("write the identity file", e))?;
-    Ok(true)
+    let log_id = new_log_id();
+    write(&log_id)?;
+    Ok((true, log_id))
 }
+
+/// A new log id: 128 random bits as 32 lowercase hex digits, from the operating system's
+/// randomness mixed with the time and the process id (two logs made at once by two processes
+/// must not share one).
+fn new_log_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut words = [0u64; 2];
+    for (i, w) in words.iter_mut().enumerate() {
+        // RandomState is seeded from the operating system's randomness per process (and
+        // differs per instance within one).
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(nanos);
+        h.write_u32(std::process::id());
+        h.write_usize(i);
+        *w = h.finish() ^ fastrand::u64(..);
+    }
+    format!("{:016x}{:016x}", words[0], words[1])
+}
+
 /// Recovery dropped checkpoints whose barriers it could still read (after damage, in any
 /// mode), and their segments are gone or set aside now. So that no later open hands out those
 /// ids again (a target keeping its own marker may hold their epochs), the newest of them is

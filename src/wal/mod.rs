@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     storage: Arc<dyn Storage>,
     opts: Options,
     sink_id: Arc<str>,
+    /// The log's own id, from its identity file ([`WalSink::log_id`]).
+    log_id: Arc<str>,
     w: Mutex<Writer>,
     synced_cv: Condvar,
     /// Durable appenders on their way, for group commit's gathering.
@@ -421,6 +423,14 @@ impl WalSink {
     /// The sink id this log belongs to.
     pub fn sink_id(&self) -> &str {
         &self.shared.sink_id
+    }
+
+    /// The log's own id: 32 lowercase hex digits, random, made when the log was created and
+    /// kept in its identity file, so it stays the same across opens (and in a copy of the
+    /// directory). A target that fences owners records it as the owner of the log's shard
+    /// (see [`Owner`](crate::Owner)).
+    pub fn log_id(&self) -> &str {
+        &self.shared.log_id
     }
 
     /// How this log makes records durable.

@@ -61,7 +61,7 @@ impl WalSink {
     ) -> Result<(Self, RecoveryReport)> {
         options.sanitize()?;
         let lock = bootstrap::take_lock(&*storage)?;
-        let fresh = bootstrap::check_identity(&*storage, &options)?;
+        let (fresh, log_id) = bootstrap::check_identity(&*storage, &options)?;
         let (committed, floor) = committed_floor(&storage, &options, &mut *store)?;
         let Recovered {
             mut cat,
@@ -120,6 +120,7 @@ impl WalSink {
             storage,
             opts: options,
             sink_id,
+            log_id: log_id.into(),
             w: Mutex::new(writer),
             synced_cv: Condvar::new(),
             gather: Default::default(),

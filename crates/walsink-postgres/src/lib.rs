@@ -29,6 +29,7 @@ pub mod error;
 mod failpoint;
 pub mod mapping;
 pub mod marker;
+pub mod owner;
 pub mod pgpass;
 #[cfg(feature = "private-cluster")]
 pub mod private_cluster;
@@ -47,6 +48,7 @@ pub use config::{Config, Mode, SslMode};
 pub use error::{classify, classify_sqlstate, sink_error, Class, ConfigError};
 pub use mapping::{MapError, RawRows, RowMapping, RowWriter};
 pub use marker::{Marker, MarkerTable};
+pub use owner::OwnerTable;
 pub use sink::{
     class_of, fingerprint, gid, gid_prefix, PgSink, PreparedStatus, PreparedStatusHandle,
     PreparedXact,

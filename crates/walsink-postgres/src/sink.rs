@@ -5,13 +5,14 @@ use crate::error::{sink_error, Class};
 use crate::failpoint;
 use crate::mapping::{self, RawRows, RowMapping};
 use crate::marker::{is_creation_race, Marker};
+use crate::owner::OwnerTable;
 use crate::table::quote_literal;
 use bytes::{Bytes, BytesMut};
 use futures_util::SinkExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_postgres::types::Type;
-use walsink::{Epoch, EpochKey, SinkError};
+use walsink::{decide_claim, Claim, Epoch, EpochKey, Owner, SinkError};
 use walsink_tokio::{AsyncChunks, AsyncSink};
 
 /// What this sink's prepared transactions look like on the server (two-phase-commit mode),
@@ -103,6 +104,8 @@ pub struct PgSink {
     mapping: Arc<dyn RowMapping>,
     conn: Option<Conn>,
     status: PreparedStatusHandle,
+    /// The shard this sink claimed ([`PgSink::claim`]); every epoch's transaction checks it.
+    claim: Option<Claim>,
 }
 
 impl std::fmt::Debug for PgSink {
@@ -131,6 +134,7 @@ impl PgSink {
             mapping: Arc::new(RawRows),
             conn: None,
             status: PreparedStatusHandle::default(),
+            claim: None,
         }
     }
 
@@ -184,6 +188,18 @@ impl PgSink {
                 marker.create(&client).await.map_err(|e| {
                     sink_error(
                         &format!("create the marker table {}", marker.name().plain()),
+                        e,
+                    )
+                })?;
+            }
+            let owners = OwnerTable::beside(marker.name());
+            if !exists(owners.name().to_string())
+                .await
+                .map_err(|e| sink_error("look up the owners table", e))?
+            {
+                owners.create(&client).await.map_err(|e| {
+                    sink_error(
+                        &format!("create the owners table {}", owners.name().plain()),
                         e,
                     )
                 })?;
@@ -384,6 +400,102 @@ impl PgSink {
         Ok(self.conn.as_mut().expect("connected above"))
     }
 
+    /// Claims the shard `(sink_id, subtask)` for `owner` in the owners table beside the
+    /// marker table ([`crate::owner`]) and keeps the claim: from then on every epoch's
+    /// transaction first checks that the table still holds it, and writes nothing (a
+    /// [`SinkError::fenced`](walsink::SinkError::fenced) error) when another log took the
+    /// shard over or this log claimed it again elsewhere. A sink that never claims does not
+    /// look at owners.
+    ///
+    /// In two-phase mode the shard's prepared transactions are rolled back first: a prepared
+    /// transaction holds the owner row's lock, and none of them is in the target yet (the
+    /// marker inside counts only once committed), so their epochs are written again by
+    /// whoever delivers them.
+    ///
+    /// # Errors
+    /// [`SinkError::fenced`](walsink::SinkError::fenced) when another log owns the shard and
+    /// `owner` does not take it over; the classified server error otherwise (a missing owners
+    /// table with `create=false` is permanent, 42P01).
+    ///
+    /// # Cancel safety
+    /// If dropped, the claim may or may not be committed; claim again (a claim of the same
+    /// owner is always granted, one generation higher).
+    pub async fn claim(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+        owner: &Owner,
+    ) -> Result<Claim, SinkError> {
+        self.claim = None;
+        let owners = OwnerTable::beside(self.config.marker_table.name());
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            if self.config.mode == Mode::TwoPhase {
+                let found = self.check_prepared(sink_id, subtask).await?;
+                for p in &found {
+                    tracing::warn!(gid = %p.gid, "rolling back a prepared transaction before claiming its shard");
+                    self.finish_prepared(&p.gid, false).await?;
+                }
+            }
+            let c = self.client().await?;
+            let client = &c.client;
+            let r = async {
+                client.batch_execute("BEGIN").await?;
+                let r = owners
+                    .claim_in(client, sink_id, subtask, |found| {
+                        decide_claim(sink_id, subtask, found, owner)
+                    })
+                    .await?;
+                match &r {
+                    Ok(Some(_)) => client.batch_execute("COMMIT").await?,
+                    _ => client.batch_execute("ROLLBACK").await?,
+                }
+                Ok::<_, tokio_postgres::Error>(r)
+            }
+            .await;
+            match r {
+                Ok(Ok(Some(claim))) => {
+                    tracing::info!(sink_id, subtask, owner = %claim.owner, generation = claim.generation, "claimed the shard");
+                    self.claim = Some(claim.clone());
+                    return Ok(claim);
+                }
+                Ok(Err(refused)) => return Err(refused),
+                // Another claim inserted the first record meanwhile: read it now.
+                Ok(Ok(None)) if attempt < 10 => {}
+                // A lock held by a transaction of the old owner (an epoch being written, or
+                // one prepared since we looked): claim again.
+                Err(e)
+                    if attempt < 10
+                        && e.code().is_some_and(|s| {
+                            matches!(s.code(), "55P03" | "40001" | "40P01" | "23505")
+                        }) =>
+                {
+                    self.conn = None;
+                }
+                Ok(Ok(None)) => return Err(SinkError::retryable(format!(
+                    "claim shard {sink_id}/{subtask} in {}: other claims kept getting in the way",
+                    owners.name().plain()
+                ))),
+                Err(e) => {
+                    self.conn = None;
+                    return Err(sink_error(
+                        &format!(
+                            "claim shard {sink_id}/{subtask} in {}",
+                            owners.name().plain()
+                        ),
+                        e,
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The claim this sink holds, if it claimed one ([`PgSink::claim`]).
+    pub fn claimed(&self) -> Option<&Claim> {
+        self.claim.as_ref()
+    }
+
     /// The epochs the target holds for `(sink_id, subtask)`, oldest first, with their
     /// checkpoint metadata (from the marker table; empty when it does not exist yet).
     ///
@@ -545,12 +657,26 @@ impl PgSink {
         let cap = self.config.copy_buffer.max(4096);
         let table = self.config.table.plain();
         let lock_timeout = self.config.lock_timeout;
+        let claim = self.claim.clone();
         let c = self.client().await?;
         let client = &c.client;
         client
             .batch_execute("BEGIN")
             .await
             .map_err(|e| sink_error("BEGIN", e))?;
+        if let Some(claim) = &claim {
+            let owners = OwnerTable::beside(marker.name());
+            let found = owners.check(client, claim).await.map_err(|e| {
+                sink_error(&format!("read the owner in {}", owners.name().plain()), e)
+            })?;
+            if let Err(fenced) = claim.check(found.as_ref().map(|(o, g)| (o.as_str(), *g))) {
+                client
+                    .batch_execute("ROLLBACK")
+                    .await
+                    .map_err(|e| sink_error("ROLLBACK", e))?;
+                return Err(fenced);
+            }
+        }
         let fresh = match marker
             .write(client, &key, epoch.metadata(), epoch.len())
             .await
@@ -716,6 +842,15 @@ impl AsyncSink for PgSink {
     async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
         // A connection that was in the middle of something (a cancelled call) is replaced.
         self.conn = self.conn.take().filter(|c| !c.client.is_closed());
+        if let Some(claim) = &self.claim {
+            let key = epoch.key();
+            if *key.sink_id != *claim.sink_id || key.subtask != claim.subtask {
+                return Err(SinkError::permanent(format!(
+                    "this sink claimed shard {}/{} and was given an epoch of {}/{}",
+                    claim.sink_id, claim.subtask, key.sink_id, key.subtask
+                )));
+            }
+        }
         let fp = fingerprint(epoch);
         let two_phase = self.config.mode == Mode::TwoPhase;
         let r = async {
@@ -775,7 +910,7 @@ impl AsyncSink for PgSink {
 /// The class of a [`SinkError`] in this crate's terms.
 pub fn class_of(e: &SinkError) -> Class {
     match e.class() {
-        walsink::SinkErrorClass::Permanent => Class::Permanent,
+        walsink::SinkErrorClass::Permanent | walsink::SinkErrorClass::Fenced => Class::Permanent,
         _ => Class::Retryable,
     }
 }

@@ -6,6 +6,7 @@
 
 mod common;
 
+mod ownership;
 #[cfg(feature = "testkit")]
 mod private_cluster;
 mod server;

@@ -73,6 +73,14 @@ async fn prepare_by_hand(
     let g = gid(e.key(), fp.unwrap_or_else(|| fingerprint(&e)));
     let c = client(url).await;
     c.batch_execute("BEGIN").await.unwrap();
+    // As a claimed sink does: the owner row locked for the transaction's life (when the shard
+    // has one).
+    c.batch_execute(&format!(
+        "DO $$ BEGIN IF to_regclass('walsink_owners') IS NOT NULL THEN PERFORM 1 FROM walsink_owners WHERE sink_id = '{}' FOR SHARE; END IF; END $$",
+        e.key().sink_id
+    ))
+    .await
+    .unwrap();
     assert!(MarkerTable::default()
         .write(&c, e.key(), e.metadata(), e.len())
         .await
@@ -455,4 +463,45 @@ async fn a_transaction_of_a_vanished_client_is_ended_by_the_idle_timeout() {
         let proxy = Proxy::start(pg.port(), pattern, Hold::Forever).await;
         killed_then_restarted(&url, extra, &proxy).await;
     }
+}
+
+/// Two-phase mode under owners: an old owner's prepared epoch (left by a crash between
+/// PREPARE and COMMIT PREPARED) holds the owner row's lock; a take-over claim rolls it back
+/// instead of waiting for ever, the old owner is fenced, and the new owner's epochs land once.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and the PostgreSQL binaries"
+)]
+async fn a_take_over_rolls_back_the_old_owners_prepared_epoch_and_fences_it() {
+    use walsink::Owner;
+    let pg = cluster();
+    let url = pg.url("postgres");
+    let h = Pg::new(&url, "&mode=2pc");
+    let id = unique("own2pc");
+    let (a, b) = (open(&id), open(&id));
+    let mut sa = PgSink::new(h.config());
+    sa.claim(&id, 0, &Owner::new(a.wal.log_id())).await.unwrap();
+    epoch(&a.wal, 1, 0..20);
+    let (g, _) = prepare_by_hand(&url, &h.table, &a, None).await;
+    assert_eq!(prepared(&url).await, vec![g]);
+    let mut sb = PgSink::new(h.config());
+    let claim = tokio::time::timeout(
+        Duration::from_secs(60),
+        sb.claim(&id, 0, &Owner::new(b.wal.log_id()).take_over(true)),
+    )
+    .await
+    .expect("the claim does not wait behind the prepared transaction")
+    .unwrap();
+    assert_eq!(claim.generation, 2);
+    assert!(prepared(&url).await.is_empty(), "rolled back at the claim");
+    let e = deliver_ready(&a.wal, &mut sa).await.unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::Sink(s) if s.class() == SinkErrorClass::Fenced),
+        "{e}"
+    );
+    let want = epoch(&b.wal, 1, 100..130);
+    assert_eq!(deliver_ready(&b.wal, &mut sb).await.unwrap(), 1);
+    assert_eq!(rows(&url, &h.table, &id, 0).await, want, "each record once");
+    assert!(prepared(&url).await.is_empty());
 }

@@ -473,10 +473,12 @@ impl PgSink {
                 {
                     self.conn = None;
                 }
-                Ok(Ok(None)) => return Err(SinkError::retryable(format!(
+                Ok(Ok(None)) => {
+                    return Err(SinkError::retryable(format!(
                     "claim shard {sink_id}/{subtask} in {}: other claims kept getting in the way",
                     owners.name().plain()
-                ))),
+                )))
+                }
                 Err(e) => {
                     self.conn = None;
                     return Err(sink_error(

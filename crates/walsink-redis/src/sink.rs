@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
-use walsink::{Epoch, EpochKey, SinkError};
+use walsink::{decide_claim, Claim, Epoch, EpochKey, Owner, SinkError};
 use walsink_tokio::{AsyncChunks, AsyncSink};
 
 /// At most this many values (records, or hash fields and values) per write command.
@@ -114,6 +114,8 @@ pub struct RedisSink {
     poisoned: Option<String>,
     hook: Option<TestHook>,
     stats: Stats,
+    /// The shard this sink claimed ([`RedisSink::claim`]).
+    claim: Option<Claim>,
 }
 
 impl std::fmt::Debug for RedisSink {
@@ -158,6 +160,9 @@ struct Ctx {
     total: u64,
     shown: String,
     hook: Option<TestHook>,
+    /// The shard's claim ([`RedisSink::claim`]): every transaction checks the owner fields it
+    /// read under `WATCH` against it before it sends anything.
+    claim: Option<Claim>,
 }
 
 /// What a `WATCH` and the reads after it showed.
@@ -165,6 +170,8 @@ struct Ctx {
 struct Seen {
     marker: Option<Marker>,
     kind: String,
+    /// The marker key's `owner` and `generation` fields, when both are set.
+    owner: Option<(String, u64)>,
 }
 
 /// One transaction: records `first..first + records.len()` of the epoch.
@@ -242,6 +249,7 @@ impl RedisSink {
             poisoned: None,
             hook: None,
             stats: Stats::default(),
+            claim: None,
         })
     }
 
@@ -425,6 +433,147 @@ impl RedisSink {
         classify(e, &self.shown(what))
     }
 
+    /// Claims the shard `(sink_id, subtask)` of this sink's key for `owner`: the fields
+    /// `owner` and `generation` of the shard's marker key, read under `WATCH` and written by
+    /// `MULTI`/`EXEC` with the generation [`decide_claim`] gives (a marker still in the old
+    /// shared hash moves to the per-sink key in the same `EXEC`). From then on every
+    /// transaction reads the owner fields under the `WATCH` it already takes on the marker
+    /// key and sends nothing unless they still hold this claim
+    /// ([`SinkError::fenced`](walsink::SinkError::fenced)); a claim that lands meanwhile
+    /// changes the watched key, so the old owner's `EXEC` aborts and its retry is fenced. A
+    /// sink that never claims does not look at owners.
+    ///
+    /// # Errors
+    /// [`SinkError::fenced`](walsink::SinkError::fenced) when another log owns the shard and
+    /// `owner` does not take it over; the classified server or client error otherwise.
+    ///
+    /// # Cancel safety
+    /// If dropped, the claim may or may not have landed; claim again (a claim of the same
+    /// owner is always granted, one generation higher).
+    pub async fn claim(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+        owner: &Owner,
+    ) -> Result<Claim, SinkError> {
+        self.claim = None;
+        let key = self.config.marker_key(sink_id, subtask);
+        let old = self.config.old_marker_key(subtask);
+        let field = script::field(sink_id, subtask);
+        let meta_field = format!("{field}:meta");
+        let what = self.shown(&format!("claim shard {sink_id}/{subtask}"));
+        let mut c = self.conn().await?;
+        for _ in 0..MAX_ABORTS {
+            let mut p = redis::pipe();
+            p.ignore_errors();
+            p.cmd("WATCH").arg(&key);
+            p.cmd("HMGET").arg(&key).arg("owner").arg("generation");
+            p.cmd("EXISTS").arg(&key);
+            p.cmd("HGET").arg(&old).arg(&field);
+            p.cmd("HGET").arg(&old).arg(&meta_field);
+            let v: Vec<Value> = p
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.fail(&e, "claim"))?;
+            if let Some(Value::ServerError(e)) =
+                v.iter().find(|r| matches!(r, Value::ServerError(_)))
+            {
+                unwatch(&mut c).await;
+                return Err(classify_server(e, &what));
+            }
+            let found = match v.get(1) {
+                Some(r) => parse_owner(r, &key, &what).map_err(|f| self.failed(f))?,
+                None => return Err(SinkError::permanent(format!("{what}: {} replies", v.len()))),
+            };
+            let exists = matches!(v.get(2), Some(Value::Int(1)));
+            let claim = match decide_claim(
+                sink_id,
+                subtask,
+                found.as_ref().map(|(o, g)| (o.as_str(), *g)),
+                owner,
+            ) {
+                Ok(c) => c,
+                Err(e) => {
+                    unwatch(&mut c).await;
+                    return Err(e);
+                }
+            };
+            let bulk = |v: Option<&Value>| match v {
+                Some(Value::BulkString(b)) => Some(b.clone()),
+                _ => None,
+            };
+            let mut t = redis::pipe();
+            t.atomic();
+            if !exists {
+                // Move a marker of the old shared hash first, as the marker move does: the
+                // owner fields make the per-sink key exist, and then the old one is not read.
+                if let Some(m) = bulk(v.get(3)) {
+                    t.cmd("HSET").arg(&key).arg("marker").arg(m).ignore();
+                }
+                if let Some(m) = bulk(v.get(4)) {
+                    t.cmd("HSET").arg(&key).arg("meta").arg(m).ignore();
+                }
+                t.cmd("HDEL")
+                    .arg(&old)
+                    .arg(&field)
+                    .arg(&meta_field)
+                    .ignore();
+            }
+            t.cmd("HSET")
+                .arg(&key)
+                .arg("owner")
+                .arg(&*claim.owner)
+                .arg("generation")
+                .arg(claim.generation)
+                .ignore();
+            let r: Option<()> = t
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.fail(&e, "claim"))?;
+            if r.is_some() {
+                tracing::info!(sink_id, subtask, owner = %claim.owner, generation = claim.generation, "claimed the shard");
+                self.claim = Some(claim.clone());
+                return Ok(claim);
+            }
+            // The key changed after WATCH (a delivery of the old owner, another claim): again.
+        }
+        Err(SinkError::retryable(format!(
+            "{what}: {MAX_ABORTS} attempts in a row aborted by changes of {key}"
+        )))
+    }
+
+    /// The claim this sink holds, if it claimed one ([`RedisSink::claim`]).
+    pub fn claimed(&self) -> Option<&Claim> {
+        self.claim.as_ref()
+    }
+
+    /// The owner record of `(sink_id, subtask)`: `(owner log id, generation)`, `None` when no
+    /// log claimed the shard.
+    ///
+    /// # Errors
+    /// The classified server or client error; a permanent one for owner fields that do not
+    /// read.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn owner(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+    ) -> Result<Option<(String, u64)>, SinkError> {
+        let key = self.config.marker_key(sink_id, subtask);
+        let what = self.shown(&format!("read the owner of {sink_id}/{subtask}"));
+        let mut c = self.conn().await?;
+        let v: Value = redis::cmd("HMGET")
+            .arg(&key)
+            .arg("owner")
+            .arg("generation")
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.fail(&e, "read the owner"))?;
+        parse_owner(&v, &key, &what).map_err(|f| self.failed(f))
+    }
+
     /// The marker of `(sink_id, subtask)`, if the target has one: the per-sink key, or the
     /// old shared hash's field when that key does not exist.
     ///
@@ -581,7 +730,16 @@ impl RedisSink {
                 key.sink_id, key.subtask
             )),
             hook: self.hook.clone(),
+            claim: self.claim.clone(),
         });
+        if let Some(claim) = &self.claim {
+            if *key.sink_id != *claim.sink_id || key.subtask != claim.subtask {
+                return Err(SinkError::permanent(format!(
+                    "this sink claimed shard {}/{} and was given an epoch of {}/{}",
+                    claim.sink_id, claim.subtask, key.sink_id, key.subtask
+                )));
+            }
+        }
         let mut c = self.conn().await?;
         self.dirty = true;
         let mut seen = match watch_and_read(&mut c, &ctx).await {
@@ -739,6 +897,45 @@ fn add_reads(p: &mut redis::Pipeline, ctx: &Ctx) {
     p.cmd("HGET").arg(&ctx.marker_key).arg("marker");
     p.cmd("HGET").arg(&ctx.old_key).arg(&ctx.old_field);
     p.cmd("TYPE").arg(&ctx.data_key);
+    p.cmd("HMGET")
+        .arg(&ctx.marker_key)
+        .arg("owner")
+        .arg("generation");
+}
+
+/// How many replies [`add_reads`] makes.
+const READS: usize = 5;
+
+/// Decodes the reply to `HMGET KEY owner generation`.
+fn parse_owner(v: &Value, key: &str, what: &str) -> Result<Option<(String, u64)>, Failed> {
+    let field = |v: &Value| match v {
+        Value::Nil => None,
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let bad = |why: &str| {
+        Failed::Sink(coded(
+            "WALSINK_OWNER",
+            &format!("the owner fields of {key} {why}"),
+            what,
+        ))
+    };
+    match v {
+        Value::Array(f) if f.len() == 2 => match (field(&f[0]), field(&f[1])) {
+            (None, None) => Ok(None),
+            (Some(o), Some(g)) => g
+                .parse::<u64>()
+                .map(|g| Some((o, g)))
+                .map_err(|_| bad(&format!("hold generation {g:?}, not a number"))),
+            _ => Err(bad(
+                "are half set (owner without generation, or the reverse)",
+            )),
+        },
+        other => Err(Failed::Sink(SinkError::permanent(format!(
+            "{what}: unexpected reply {other:?} to HMGET"
+        )))),
+    }
 }
 
 /// Decodes the replies of [`add_reads`].
@@ -760,12 +957,13 @@ fn parse_reads(ctx: &Ctx, v: &[Value]) -> Result<Seen, Failed> {
             )))),
         }
     };
-    let [_, new, old, kind] = v else {
+    let [_, new, old, kind, owner] = v else {
         return Err(Failed::Sink(SinkError::permanent(format!(
-            "{what}: {} replies, not 4",
+            "{what}: {} replies, not {READS}",
             v.len()
         ))));
     };
+    let owner = parse_owner(owner, &ctx.marker_key, &what)?;
     let (s, at) = match (text(new)?, text(old)?) {
         (Some(s), _) => (Some(s), format!("{} field marker", ctx.marker_key)),
         (None, Some(s)) => (Some(s), format!("{} field {}", ctx.old_key, ctx.old_field)),
@@ -801,6 +999,7 @@ fn parse_reads(ctx: &Ctx, v: &[Value]) -> Result<Seen, Failed> {
     Ok(Seen {
         marker,
         kind: text(kind)?.unwrap_or_default(),
+        owner,
     })
 }
 
@@ -974,6 +1173,14 @@ async fn run(
                 return Err(e);
             }
         };
+        if let Some(claim) = &ctx.claim {
+            // Read under the same WATCH as the marker: a claim that changes the owner after
+            // this check aborts the EXEC below.
+            if let Err(fenced) = claim.check(seen.owner.as_ref().map(|(o, g)| (o.as_str(), *g))) {
+                unwatch(&mut c).await;
+                return Err(Failed::Sink(fenced));
+            }
+        }
         let n = tx.records.len() - skip;
         if n > 0 && !kind_fits(&seen.kind, ctx.mode) {
             unwatch(&mut c).await;
@@ -1005,7 +1212,7 @@ async fn run(
             .map_err(|e| Failed::Client(e, shown()))?;
         let w = writes(ctx.mode, n);
         // MULTI, w writes, EVAL, EXEC, then the reads.
-        if v.len() != w + 3 + if tx.trailing { 4 } else { 0 } {
+        if v.len() != w + 3 + if tx.trailing { READS } else { 0 } {
             return Err(Failed::Sink(SinkError::permanent(format!(
                 "{}: {} replies to a transaction of {w} writes",
                 shown(),

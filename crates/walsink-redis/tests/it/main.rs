@@ -10,6 +10,7 @@ mod conformance;
 mod dropped_deliveries;
 mod faults;
 mod markers;
+mod ownership;
 mod record_shapes;
 mod shared_keys;
 #[cfg(feature = "testkit")]

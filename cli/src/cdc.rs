@@ -126,12 +126,20 @@ impl Target for CdcTarget {
         self.config.to_string()
     }
 
-    fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
+    fn open_sink(
+        &self,
+        _sink_id: &str,
+        _subtask: u32,
+        _owner: &walsink::Owner,
+    ) -> CliResult<(Box<dyn Sink>, Option<walsink::Claim>)> {
         let sink = self.connect()?;
-        Ok(Box::new(RtSink {
-            sink: BlockingSink::with_handle(sink, self.rt.handle().clone()),
-            _rt: self.rt.clone(),
-        }))
+        Ok((
+            Box::new(RtSink {
+                sink: BlockingSink::with_handle(sink, self.rt.handle().clone()),
+                _rt: self.rt.clone(),
+            }),
+            None,
+        ))
     }
 
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
@@ -179,6 +187,7 @@ pub fn run(args: CdcArgs) -> CliResult<ExitCode> {
                 max_backlog_bytes: None,
                 max_retries: args.max_retries,
                 retry_deadline: args.retry_deadline,
+                take_over: false,
                 stop_timeout: args.stop_timeout,
                 progress_interval: args.progress_interval,
                 json: false,

@@ -61,6 +61,13 @@ pub fn check(watch: &Watch, limits: Limits, target: &str) -> Option<Stop> {
         return Some(Stop::StdoutClosed);
     }
     let err = w.last_error.as_deref().unwrap_or("unknown error");
+    if w.last_class == Some(SinkErrorClass::Fenced) {
+        // Another log took the shard over (or this log was started again elsewhere): nothing
+        // was written, and no retry can help.
+        return Some(Stop::GaveUp(format!(
+            "delivery to {target} was fenced: {err}"
+        )));
+    }
     if w.permanent > limits.max_retries {
         return Some(Stop::GaveUp(format!(
             "delivery to {target} failed {} times with a permanent error (--max-retries {}): {err}",

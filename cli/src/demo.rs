@@ -230,6 +230,7 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
         max_backlog_bytes: None,
         max_retries: 5,
         retry_deadline: Duration::from_secs(600),
+        take_over: false,
         stop_timeout: Duration::from_secs(5),
         progress_interval: Duration::from_secs(10),
         json: false,

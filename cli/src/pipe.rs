@@ -405,6 +405,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
                 Some((&out_shown, &epochs)),
                 &wal_shown,
                 &args.sink_id,
+                args.take_over,
             )
             .map_err(Refused)?;
         }
@@ -422,12 +423,56 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         .transpose()?;
     let (wal, report) = WalSink::open(&args.wal, opts).map_err(|e| explain_open(e, &args.wal))?;
     let wal = std::sync::Arc::new(wal);
+    // The sink claims the shard before the target is read for where to resume: a log taken
+    // over cannot commit after the claim, so what is read next is final.
+    let owner = walsink::Owner::new(wal.log_id()).take_over(args.take_over);
+    let watch = Watch::default();
+    // Another log owns the shard: a refusal the user acts on (exit 1), like another log's
+    // target found by its markers.
+    let fenced_refusal = |e: String| -> Box<dyn std::error::Error> {
+        if e.contains("(fenced)") {
+            Box::new(Refused(e))
+        } else {
+            e.into()
+        }
+    };
+    let (sink, claim): (Box<dyn Sink>, Option<walsink::Claim>) = match &sink_spec {
+        SinkSpec::Dir(out) => {
+            let mut d = DirSink::new(out)?.keep_metadata(true);
+            let claim = d
+                .claim(&args.sink_id, 0, &owner)
+                .map_err(|e| fenced_refusal(format!("cannot deliver to {}: {e}", out.display())))?;
+            (Box::new(Watched::new(d, watch.clone())), Some(claim))
+        }
+        SinkSpec::Stdout => (
+            Box::new(Watched::new(
+                StdoutSink {
+                    watch: watch.clone(),
+                },
+                watch.clone(),
+            )),
+            None,
+        ),
+        SinkSpec::Target(t) => {
+            let (s, claim) = t
+                .open_sink(&args.sink_id, 0, &owner)
+                .map_err(|e| fenced_refusal(e.to_string()))?;
+            (Box::new(Watched::new(s, watch.clone())), claim)
+        }
+    };
+    // The target's epochs belong to this log when it takes them over now, or when the target
+    // already named this log its owner (a run after a take-over that sealed nothing yet).
+    let owned = args.take_over
+        || claim
+            .as_ref()
+            .is_some_and(|c| c.previous.as_deref() == Some(wal.log_id()));
     let target = target_of(&sink_spec)?;
     let resume = resume::decide(
         &report,
         target.as_deref().map(|t| (out_shown.as_str(), t)),
         &wal_shown,
         &args.sink_id,
+        owned,
     )
     .map_err(Refused)?;
     let (source, path) = open_source(&input, &resume, &args)?;
@@ -477,22 +522,6 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
             Some(e)
         }
         None => None,
-    };
-    let watch = Watch::default();
-    let sink: Box<dyn Sink> = match &sink_spec {
-        SinkSpec::Dir(out) => Box::new(Watched::new(
-            DirSink::new(out)?.keep_metadata(true),
-            watch.clone(),
-        )),
-        SinkSpec::Stdout => Box::new(Watched::new(
-            StdoutSink {
-                watch: watch.clone(),
-            },
-            watch.clone(),
-        )),
-        SinkSpec::Target(t) => {
-            Box::new(Watched::new(t.open_sink(&args.sink_id, 0)?, watch.clone()))
-        }
     };
     let committer = wal.spawn_committer(sink)?;
     let start_offset = source.offset();

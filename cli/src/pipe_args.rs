@@ -28,6 +28,13 @@ pub struct PipeArgs {
     /// Stable sink id stored in the log and in the target's file names.
     #[arg(long, default_value = "pipe")]
     pub sink_id: String,
+    /// Take the shard (sink id, subtask 0) over from another log that owns it in the target
+    /// (a directory, PostgreSQL or Redis target records the owning log and a generation): the
+    /// other log is refused at its next commit, writing nothing, and this run resumes the
+    /// input from the target's newest checkpoint. Without it a target owned by another log is
+    /// refused at start.
+    #[arg(long)]
+    pub take_over: bool,
     /// Keep reading the input file as it grows and across rotations (rename and create,
     /// copytruncate: see the README), checkpointing whenever it has read all there is; stop it
     /// with SIGINT or SIGTERM (graceful, exit 3, see --stop-timeout; the next run resumes after

@@ -120,6 +120,7 @@ pub fn decide(
     target: Option<(&str, &[CommittedEpoch])>,
     wal: &str,
     sink_id: &str,
+    take_over: bool,
 ) -> Result<Resume, String> {
     let log_meta = match &report.last_metadata {
         Some(m) => Some(PipeMeta::decode(m).ok_or_else(|| {
@@ -145,24 +146,21 @@ pub fn decide(
                     e.file
                 ));
             };
-            match &owner {
-                Some(o) if *o != meta.log => {
-                    return Err(format!(
-                        "the target {out} holds commits of several logs under sink id {sink_id:?} ({o} and {}); use an empty target (a new directory, key or schema)",
-                        meta.log
-                    ))
-                }
-                _ => owner = Some(meta.log.clone()),
-            }
+            // The newest marker's log is the one the target's position belongs to (after a
+            // take-over, older markers are of the log taken over).
+            owner = Some(meta.log.clone());
             newest_target = Some((e.checkpoint, meta));
         }
         if let (Some(owner), Some((last, _))) = (&owner, &newest_target) {
             let first = epochs.first().map_or(0, |e| e.checkpoint);
             match &log_id {
                 Some(l) if l == owner => {}
+                // Taking the shard over: this log resumes from the target's position, and its
+                // checkpoints are numbered above the target's.
+                _ if take_over => {}
                 Some(l) => {
                     return Err(format!(
-                        "the target {out} already holds checkpoints {first}..={last} of sink id {sink_id:?} from another log (log id {owner}); this log ({wal}, log id {l}) numbers its checkpoints the same way, so they would be skipped as already delivered. Use an empty target (a new directory, key or schema) for this log, or give it its own --sink-id"
+                        "the target {out} already holds checkpoints {first}..={last} of sink id {sink_id:?} from another log (log id {owner}); this log ({wal}, log id {l}) numbers its checkpoints the same way, so they would be skipped as already delivered. Use an empty target (a new directory, key or schema) for this log, or give it its own --sink-id, or take the target over from that log with --take-over (that log is then refused at its next commit)"
                     ))
                 }
                 // The log lost the metadata of its checkpoints (repair --force dropped them)
@@ -174,7 +172,7 @@ pub fn decide(
                 }
                 None => {
                     return Err(format!(
-                        "the target {out} already holds checkpoints {first}..={last} of sink id {sink_id:?} from log {owner}, and the log {wal} holds no checkpoint (it is new: was the old log deleted to start over?); its checkpoints would be skipped as already delivered. Use an empty target (a new directory, key or schema) for a new log, or another --sink-id"
+                        "the target {out} already holds checkpoints {first}..={last} of sink id {sink_id:?} from log {owner}, and the log {wal} holds no checkpoint (it is new: was the old log deleted to start over?); its checkpoints would be skipped as already delivered. Use an empty target (a new directory, key or schema) for a new log, or another --sink-id, or take the target over from that log with --take-over (this run then resumes from the target's newest checkpoint)"
                     ))
                 }
             }
@@ -250,13 +248,44 @@ mod tests {
         r.last_metadata = Some(meta("mine", 10).encode());
         r.last_checkpoint = Some(1);
         let t = [epoch(1, Some(meta("theirs", 10)))];
-        let e = decide(&r, Some(("out", &t)), "wal", "pipe").unwrap_err();
+        let e = decide(&r, Some(("out", &t)), "wal", "pipe", false).unwrap_err();
         assert!(e.contains("another log") && e.contains("out"), "{e}");
         let fresh = RecoveryReport::default();
-        let e = decide(&fresh, Some(("out", &t)), "wal", "pipe").unwrap_err();
+        let e = decide(&fresh, Some(("out", &t)), "wal", "pipe", false).unwrap_err();
         assert!(e.contains("is new"), "{e}");
         let t = [epoch(1, None)];
-        assert!(decide(&fresh, Some(("out", &t)), "wal", "pipe").is_err());
+        assert!(decide(&fresh, Some(("out", &t)), "wal", "pipe", false).is_err());
+    }
+
+    #[test]
+    fn a_take_over_resumes_from_the_other_logs_newest_checkpoint_above_its_ids() {
+        let t = [
+            epoch(1, Some(meta("theirs", 10))),
+            epoch(4, Some(meta("theirs", 40))),
+        ];
+        let res = decide(
+            &RecoveryReport::default(),
+            Some(("out", &t)),
+            "wal",
+            "pipe",
+            true,
+        )
+        .unwrap();
+        assert_eq!(res.from, From::Target(4));
+        assert_eq!(res.meta.unwrap().offset, 40);
+        assert_eq!(res.next_id, 5);
+        assert_ne!(res.log_id, "theirs", "the new owner keeps its own log id");
+        // After the take-over the target holds both logs' markers; the newest decides.
+        let t = [
+            epoch(4, Some(meta("theirs", 40))),
+            epoch(5, Some(meta("mine", 50))),
+        ];
+        let mut r = RecoveryReport::default();
+        r.last_metadata = Some(meta("mine", 50).encode());
+        r.last_checkpoint = Some(5);
+        r.next_checkpoint_id = 6;
+        let res = decide(&r, Some(("out", &t)), "wal", "pipe", false).unwrap();
+        assert_eq!((res.from, res.next_id), (From::Log(5), 6));
     }
 
     #[test]
@@ -270,7 +299,7 @@ mod tests {
             epoch(2, Some(meta("mine", 20))),
             epoch(3, Some(meta("mine", 30))),
         ];
-        let res = decide(&r, Some(("out", &t)), "wal", "pipe").unwrap();
+        let res = decide(&r, Some(("out", &t)), "wal", "pipe", false).unwrap();
         assert_eq!(res.from, From::Target(3));
         assert_eq!(res.meta.unwrap().offset, 30);
         assert_eq!(res.next_id, 4);

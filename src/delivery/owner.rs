@@ -67,6 +67,9 @@ pub struct Claim {
     pub owner: Arc<str>,
     /// The generation granted (from 1; each claim raises it).
     pub generation: u64,
+    /// The owner the shard had before this claim (`None`: it had none): the same log for a
+    /// claim after a restart, another for a take-over.
+    pub previous: Option<Arc<str>>,
 }
 
 impl Claim {
@@ -132,6 +135,7 @@ pub fn decide_claim(
         subtask,
         owner: owner.log.clone(),
         generation,
+        previous: found.map(|(log, _)| log.into()),
     })
 }
 

@@ -26,13 +26,18 @@ impl Target for Http {
         self.cfg.to_string()
     }
 
-    fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
+    fn open_sink(
+        &self,
+        _sink_id: &str,
+        _subtask: u32,
+        _owner: &walsink::Owner,
+    ) -> CliResult<(Box<dyn Sink>, Option<walsink::Claim>)> {
         let sink =
             HttpSink::new(self.cfg.clone()).map_err(|e| format!("--sink {}: {e}", self.shown()))?;
         let mut sink = BlockingSink::new(sink)?;
         retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot reach {}: {e}", self.shown()))?;
-        Ok(Box::new(sink))
+        Ok((Box::new(sink), None))
     }
 
     fn committed(&self, _sink_id: &str, _subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {

@@ -32,11 +32,16 @@ impl Target for MySql {
         self.config.to_string()
     }
 
-    fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
+    fn open_sink(
+        &self,
+        _sink_id: &str,
+        _subtask: u32,
+        _owner: &walsink::Owner,
+    ) -> CliResult<(Box<dyn Sink>, Option<walsink::Claim>)> {
         let mut sink = self.sink()?;
         retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()))?;
-        Ok(Box::new(sink))
+        Ok((Box::new(sink), None))
     }
 
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {

@@ -24,12 +24,17 @@ impl Target for NatsTarget {
         self.config.redacted()
     }
 
-    fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
+    fn open_sink(
+        &self,
+        _sink_id: &str,
+        _subtask: u32,
+        _owner: &walsink::Owner,
+    ) -> CliResult<(Box<dyn Sink>, Option<walsink::Claim>)> {
         let sink = NatsSink::new(self.config.clone()).map_err(|e| format!("--sink: {e}"))?;
         let mut sink = BlockingSink::new(sink)?;
         retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot use {}: {e}", self.shown()))?;
-        Ok(Box::new(sink))
+        Ok((Box::new(sink), None))
     }
 
     fn committed(&self, _sink_id: &str, _subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {

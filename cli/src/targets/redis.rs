@@ -30,11 +30,19 @@ impl Target for RedisTarget {
         self.config.redacted()
     }
 
-    fn open_sink(&self, _sink_id: &str, _subtask: u32) -> CliResult<Box<dyn Sink>> {
+    fn open_sink(
+        &self,
+        sink_id: &str,
+        subtask: u32,
+        owner: &walsink::Owner,
+    ) -> CliResult<(Box<dyn Sink>, Option<walsink::Claim>)> {
         let mut sink = self.sink()?;
         retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot reach {}: {e}", self.shown()))?;
-        Ok(Box::new(sink))
+        let claim =
+            retry_at_start(|| sink.block_on(async |s| s.claim(sink_id, subtask, owner).await))
+                .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()))?;
+        Ok((Box::new(sink), Some(claim)))
     }
 
     fn keeps_newest_marker_only(&self) -> bool {

@@ -3,7 +3,7 @@
 
 use crate::outcome::CliResult;
 use walsink::sinks::CommittedEpoch;
-use walsink::Sink;
+use walsink::{Owner, Sink};
 
 /// A URL target of `--sink`.
 pub(crate) trait Target {
@@ -11,7 +11,16 @@ pub(crate) trait Target {
     fn shown(&self) -> String;
 
     /// A sink delivering into the target (connects; errors name the target, not secrets).
-    fn open_sink(&self, sink_id: &str, subtask: u32) -> CliResult<Box<dyn Sink>>;
+    /// A target that fences owners claims the shard `(sink_id, subtask)` for `owner` first
+    /// (refused when another log owns it and `owner` does not take it over); the others
+    /// ignore `owner`. Returns the sink and the claim it was granted (`None` for a target
+    /// without owners).
+    fn open_sink(
+        &self,
+        sink_id: &str,
+        subtask: u32,
+        owner: &Owner,
+    ) -> CliResult<(Box<dyn Sink>, Option<walsink::Claim>)>;
 
     /// The epochs the target itself holds as committed for `(sink_id, subtask)`, with the
     /// checkpoint metadata kept beside each marker, oldest first; `None` for a target that

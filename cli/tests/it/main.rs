@@ -20,6 +20,7 @@ mod mysql;
 mod nats_pipe;
 #[cfg(feature = "nats")]
 mod nats_tls;
+mod owners;
 mod pipe_inputs_and_secrets;
 mod postgres;
 mod postgres_table_ownership;

@@ -73,6 +73,22 @@ pub struct Claim {
 }
 
 impl Claim {
+    /// Whether `key` is an epoch of the claimed shard; a sink given another shard's epoch
+    /// writes nothing.
+    ///
+    /// # Errors
+    /// [`SinkError::permanent`] naming both shards when `key` is of another one.
+    pub fn check_key(&self, key: &crate::EpochKey) -> Result<(), SinkError> {
+        if *key.sink_id == *self.sink_id && key.subtask == self.subtask {
+            Ok(())
+        } else {
+            Err(SinkError::permanent(format!(
+                "this sink claimed shard {}/{} and was given an epoch of {}/{}",
+                self.sink_id, self.subtask, key.sink_id, key.subtask
+            )))
+        }
+    }
+
     /// Whether an owner record `(owner, generation)` found at a write still belongs to this
     /// claim; `Err` is the fenced error to return, naming the record found.
     ///
@@ -169,6 +185,19 @@ mod tests {
         assert_eq!((&*c.owner, c.generation), ("b", 8));
         assert!(c.check(Some(("a", 7))).is_err());
         assert!(c.check(None).is_err());
+    }
+
+    #[test]
+    fn an_epoch_of_another_shard_is_refused() {
+        let c = decide_claim("s", 1, None, &Owner::new("a")).unwrap();
+        let key = |sink: &str, subtask| crate::EpochKey {
+            sink_id: sink.into(),
+            subtask,
+            checkpoint: 1,
+        };
+        assert!(c.check_key(&key("s", 1)).is_ok());
+        assert!(c.check_key(&key("s", 2)).is_err());
+        assert!(c.check_key(&key("t", 1)).is_err());
     }
 
     #[test]

@@ -433,13 +433,7 @@ impl Sink for DirSink {
         // that a claim takes, and held until the epoch's name is durable.
         let _owner_guard = match &self.claim {
             Some(claim) => {
-                let key = epoch.key();
-                if *key.sink_id != *claim.sink_id || key.subtask != claim.subtask {
-                    return Err(SinkError::permanent(format!(
-                        "this sink claimed shard {}/{} and was given an epoch of {}/{}",
-                        claim.sink_id, claim.subtask, key.sink_id, key.subtask
-                    )));
-                }
+                claim.check_key(epoch.key())?;
                 let stem = format!("{}-{:05}", claim.sink_id, claim.subtask);
                 let guard = self.owner_lock(&stem)?;
                 let found = self.read_owner(&stem)?;
@@ -715,8 +709,11 @@ mod tests {
     fn a_damaged_owner_file_is_refused_by_name() {
         let d = tempfile::tempdir().unwrap();
         let out = d.path().join("out");
-        std::fs::create_dir(&out).unwrap();
-        std::fs::write(out.join("dirsink-00000.owner"), b"garbage").unwrap();
+        let st = FsStorage::new(&out).unwrap();
+        st.create("dirsink-00000.owner")
+            .unwrap()
+            .write_at(0, b"garbage")
+            .unwrap();
         let mut s = DirSink::new(&out).unwrap();
         let e = s.claim("dirsink", 0, &Owner::new("x")).unwrap_err();
         assert!(e.message().contains("dirsink-00000.owner"), "{e}");

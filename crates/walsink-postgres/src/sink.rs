@@ -845,13 +845,7 @@ impl AsyncSink for PgSink {
         // A connection that was in the middle of something (a cancelled call) is replaced.
         self.conn = self.conn.take().filter(|c| !c.client.is_closed());
         if let Some(claim) = &self.claim {
-            let key = epoch.key();
-            if *key.sink_id != *claim.sink_id || key.subtask != claim.subtask {
-                return Err(SinkError::permanent(format!(
-                    "this sink claimed shard {}/{} and was given an epoch of {}/{}",
-                    claim.sink_id, claim.subtask, key.sink_id, key.subtask
-                )));
-            }
+            claim.check_key(epoch.key())?;
         }
         let fp = fingerprint(epoch);
         let two_phase = self.config.mode == Mode::TwoPhase;

@@ -733,12 +733,7 @@ impl RedisSink {
             claim: self.claim.clone(),
         });
         if let Some(claim) = &self.claim {
-            if *key.sink_id != *claim.sink_id || key.subtask != claim.subtask {
-                return Err(SinkError::permanent(format!(
-                    "this sink claimed shard {}/{} and was given an epoch of {}/{}",
-                    claim.sink_id, claim.subtask, key.sink_id, key.subtask
-                )));
-            }
+            claim.check_key(&key)?;
         }
         let mut c = self.conn().await?;
         self.dirty = true;

@@ -438,11 +438,13 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
     };
     let (sink, claim): (Box<dyn Sink>, Option<walsink::Claim>) = match &sink_spec {
         SinkSpec::Dir(out) => {
-            let mut d = DirSink::new(out)?.keep_metadata(true);
-            let claim = d
-                .claim(&args.sink_id, 0, &owner)
-                .map_err(|e| fenced_refusal(format!("cannot deliver to {}: {e}", out.display())))?;
-            (Box::new(Watched::new(d, watch.clone())), Some(claim))
+            let d = DirSink::new(out)?.keep_metadata(true);
+            let (sink_id, owner) = (args.sink_id.clone(), owner.clone());
+            let (d, claim) =
+                crate::targets::claim_or_defer(d, move |d| d.claim(&sink_id, 0, &owner)).map_err(
+                    |e| fenced_refusal(format!("cannot deliver to {}: {e}", out.display())),
+                )?;
+            (Box::new(Watched::new(d, watch.clone())), claim)
         }
         SinkSpec::Stdout => (
             Box::new(Watched::new(

@@ -29,7 +29,7 @@ pub struct PipeArgs {
     #[arg(long, default_value = "pipe")]
     pub sink_id: String,
     /// Take the shard (sink id, subtask 0) over from another log that owns it in the target
-    /// (a directory, PostgreSQL or Redis target records the owning log and a generation): the
+    /// (a directory, PostgreSQL, MySQL or Redis target records the owning log and a generation): the
     /// other log is refused at its next commit, writing nothing, and this run resumes the
     /// input from the target's newest checkpoint. Without it a target owned by another log is
     /// refused at start.

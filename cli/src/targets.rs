@@ -17,7 +17,7 @@ mod postgres;
 mod redis;
 mod target;
 
-pub(crate) use target::Target;
+pub(crate) use target::{claim_or_defer, Target};
 
 /// The target for a `--sink` URL, or `None` when `spec` is not a URL this build knows.
 pub(crate) fn parse(spec: &str) -> Option<CliResult<Box<dyn Target>>> {

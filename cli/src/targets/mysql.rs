@@ -34,14 +34,18 @@ impl Target for MySql {
 
     fn open_sink(
         &self,
-        _sink_id: &str,
-        _subtask: u32,
-        _owner: &walsink::Owner,
+        sink_id: &str,
+        subtask: u32,
+        owner: &walsink::Owner,
     ) -> CliResult<(Box<dyn Sink>, Option<walsink::Claim>)> {
         let mut sink = self.sink()?;
         retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()))?;
-        Ok((Box::new(sink), None))
+        let (sink_id, owner) = (sink_id.to_string(), owner.clone());
+        super::target::claim_or_defer(sink, move |s| {
+            s.block_on(async |s| s.claim(&sink_id, subtask, &owner).await)
+        })
+        .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()).into())
     }
 
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {

@@ -39,10 +39,11 @@ impl Target for RedisTarget {
         let mut sink = self.sink()?;
         retry_at_start(|| sink.block_on(async |s| s.connect().await))
             .map_err(|e| format!("cannot reach {}: {e}", self.shown()))?;
-        let claim =
-            retry_at_start(|| sink.block_on(async |s| s.claim(sink_id, subtask, owner).await))
-                .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()))?;
-        Ok((Box::new(sink), Some(claim)))
+        let (sink_id, owner) = (sink_id.to_string(), owner.clone());
+        super::target::claim_or_defer(sink, move |s| {
+            s.block_on(async |s| s.claim(&sink_id, subtask, &owner).await)
+        })
+        .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()).into())
     }
 
     fn keeps_newest_marker_only(&self) -> bool {

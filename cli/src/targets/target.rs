@@ -3,7 +3,7 @@
 
 use crate::outcome::CliResult;
 use walsink::sinks::CommittedEpoch;
-use walsink::{Owner, Sink};
+use walsink::{Claim, Owner, Sink, SinkError};
 
 /// A URL target of `--sink`.
 pub(crate) trait Target {
@@ -65,6 +65,58 @@ pub(crate) fn retry_at_start<T>(
                 std::thread::sleep(wait)
             }
             other => return other,
+        }
+    }
+}
+
+/// A claim to make before the first delivery: what [`claim_or_defer`] leaves when the target
+/// failed at start for another reason than another owner.
+type PendingClaim<S> = Box<dyn FnMut(&mut S) -> Result<Claim, SinkError> + Send>;
+
+/// A sink whose shard is claimed at its first delivery.
+struct ClaimFirst<S> {
+    inner: S,
+    pending: Option<PendingClaim<S>>,
+}
+
+impl<S: Sink> Sink for ClaimFirst<S> {
+    fn deliver(&mut self, epoch: &walsink::Epoch) -> Result<(), SinkError> {
+        if let Some(claim) = &mut self.pending {
+            claim(&mut self.inner)?;
+            self.pending = None;
+        }
+        self.inner.deliver(epoch)
+    }
+    fn stores_marker(&self) -> bool {
+        self.inner.stores_marker()
+    }
+    fn is_committed(&mut self, key: &walsink::EpochKey) -> Result<bool, SinkError> {
+        self.inner.is_committed(key)
+    }
+}
+
+/// Claims the shard with `claim` now (retried at start like a connect). Another log owning it
+/// is returned as the refusal it is; any other failure (a target that refuses writes, a
+/// server out of memory) defers the claim to the first delivery, so that it fails there and is
+/// retried, reported and given up on like any delivery (`--max-retries`, `--retry-deadline`).
+pub(crate) fn claim_or_defer<S: Sink + Send + 'static>(
+    mut inner: S,
+    mut claim: impl FnMut(&mut S) -> Result<Claim, SinkError> + Send + 'static,
+) -> Result<(Box<dyn Sink>, Option<Claim>), SinkError> {
+    match retry_at_start(|| claim(&mut inner)) {
+        Ok(c) => Ok((Box::new(inner), Some(c))),
+        Err(e) if e.class() == walsink::SinkErrorClass::Fenced => Err(e),
+        Err(e) => {
+            tracing::warn!(
+                "the shard could not be claimed at start ({e}); claimed at the first delivery"
+            );
+            Ok((
+                Box::new(ClaimFirst {
+                    inner,
+                    pending: Some(Box::new(claim)),
+                }),
+                None,
+            ))
         }
     }
 }

@@ -1,5 +1,5 @@
 //! One owner per shard, fenced in the target: a second `walsink pipe` under the same sink id
-//! into the same directory, PostgreSQL table or Redis key is refused at start while the first
+//! into the same directory, PostgreSQL or MySQL table or Redis key is refused at start while the first
 //! runs; with `--take-over` it takes the shard over and resumes from the target's newest
 //! checkpoint; the first is then refused at its next commit (it exits naming the fence,
 //! writing nothing) and every input line ends in the target exactly once and in order.
@@ -176,4 +176,46 @@ fn into_a_redis_list() {
             .collect()
     });
     let _ = Command::new("redis-cli").args(["DEL", &key]).output();
+}
+
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and the local MariaDB"
+)]
+fn into_a_mysql_table() {
+    let table = unique("own");
+    let mariadb = |sql: &str| {
+        Command::new("mariadb")
+            .args([
+                "--no-defaults",
+                "-h127.0.0.1",
+                "-P3306",
+                "-uroot",
+                "-N",
+                "-B",
+                "test",
+                "-e",
+                sql,
+            ])
+            .output()
+            .expect("run mariadb")
+    };
+    let t = table.clone();
+    two_logs_one_shard(
+        &format!("mysql://root@127.0.0.1:3306/test?table={table}"),
+        &move || {
+            let o = mariadb(&format!(
+                "SELECT CONVERT(payload USING utf8mb4) FROM {t} ORDER BY checkpoint, idx"
+            ));
+            if !o.status.success() {
+                return Vec::new();
+            }
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(|l| l.as_bytes().to_vec())
+                .collect()
+        },
+    );
+    mariadb(&format!("DROP TABLE IF EXISTS {table}"));
 }

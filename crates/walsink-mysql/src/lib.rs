@@ -32,6 +32,7 @@ pub mod error;
 mod failpoint;
 pub mod mapping;
 pub mod marker;
+pub mod owner;
 mod sink;
 pub mod table;
 #[cfg(feature = "testkit")]
@@ -42,6 +43,7 @@ pub use config::{Bulk, Config, Mode, SslMode};
 pub use error::{classify, classify_code, server_code, sink_error, Class, ConfigError};
 pub use mapping::{MapError, RawRows, RowMapping, RowWriter};
 pub use marker::{Marker, MarkerTable};
+pub use owner::OwnerTable;
 pub use sink::{ConnectionId, MySqlSink};
 pub use table::TableName;
 pub use xa::{fingerprint, Xid};

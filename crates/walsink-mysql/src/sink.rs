@@ -6,13 +6,14 @@ use crate::error::{code_of, sink_error};
 use crate::failpoint;
 use crate::mapping::{self, Encoding, RawRows, RowMapping};
 use crate::marker::Marker;
+use crate::owner::OwnerTable;
 use crate::table::TableName;
 use crate::xa::{self, Xid};
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use walsink::{Epoch, EpochKey, SinkError};
+use walsink::{decide_claim, Claim, Epoch, EpochKey, Owner, SinkError};
 use walsink_tokio::{AsyncChunks, AsyncSink};
 
 /// Bytes kept free under `max_allowed_packet` for the command byte and rounding.
@@ -69,6 +70,8 @@ pub struct MySqlSink {
     /// transaction) instead of going on inside it.
     busy: bool,
     id: ConnectionId,
+    /// The shard this sink claimed ([`MySqlSink::claim`]); every epoch's transaction checks it.
+    claim: Option<Claim>,
 }
 
 impl std::fmt::Debug for MySqlSink {
@@ -100,6 +103,7 @@ impl MySqlSink {
             session: None,
             busy: false,
             id: ConnectionId::default(),
+            claim: None,
         }
     }
 
@@ -144,6 +148,13 @@ impl MySqlSink {
             marker.create(&mut conn).await.map_err(|e| {
                 sink_error(
                     &format!("create the marker table {}", marker.name().plain()),
+                    e,
+                )
+            })?;
+            let owners = OwnerTable::beside(marker.name());
+            owners.create(&mut conn).await.map_err(|e| {
+                sink_error(
+                    &format!("create the owners table {}", owners.name().plain()),
                     e,
                 )
             })?;
@@ -298,6 +309,91 @@ impl MySqlSink {
         Ok(self.session.as_mut().expect("connected above"))
     }
 
+    /// Claims the shard `(sink_id, subtask)` for `owner` in the owners table beside the
+    /// marker table ([`crate::owner`]) and keeps the claim: from then on every epoch's
+    /// transaction first reads the owner row `LOCK IN SHARE MODE` and writes nothing (a
+    /// [`SinkError::fenced`](walsink::SinkError::fenced) error) when another log took the
+    /// shard over or this log claimed it again elsewhere. A sink that never claims does not
+    /// look at owners.
+    ///
+    /// In XA mode the shard's prepared XA transactions are rolled back first: they hold the
+    /// owner row's lock, and none of them is in the table until committed, so their epochs
+    /// are written again by whoever delivers them.
+    ///
+    /// # Errors
+    /// [`SinkError::fenced`](walsink::SinkError::fenced) when another log owns the shard and
+    /// `owner` does not take it over; the classified server error otherwise (a missing owners
+    /// table with `create=false` is permanent, 1146).
+    ///
+    /// # Cancel safety
+    /// If dropped, the claim may or may not be committed; claim again (a claim of the same
+    /// owner is always granted, one generation higher).
+    pub async fn claim(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+        owner: &Owner,
+    ) -> Result<Claim, SinkError> {
+        self.claim = None;
+        let owners = OwnerTable::beside(self.config.marker_table.name());
+        let what = format!(
+            "claim shard {sink_id}/{subtask} in {}",
+            owners.name().plain()
+        );
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            if self.config.mode == Mode::Xa {
+                for x in self.check_prepared(sink_id, subtask).await? {
+                    tracing::warn!(xid = %x, "rolling back a prepared XA transaction before claiming its shard");
+                    self.finish_prepared(&x, false).await?;
+                }
+            }
+            let s = self.session().await?;
+            let r = async {
+                s.conn.query_drop("START TRANSACTION").await?;
+                let r = owners
+                    .claim_in(&mut s.conn, sink_id, subtask, |found| {
+                        decide_claim(sink_id, subtask, found, owner)
+                    })
+                    .await?;
+                match &r {
+                    Ok(Some(_)) => s.conn.query_drop("COMMIT").await?,
+                    _ => s.conn.query_drop("ROLLBACK").await?,
+                }
+                Ok::<_, mysql_async::Error>(r)
+            }
+            .await;
+            match r {
+                Ok(Ok(Some(claim))) => {
+                    tracing::info!(sink_id, subtask, owner = %claim.owner, generation = claim.generation, "claimed the shard");
+                    self.claim = Some(claim.clone());
+                    return Ok(claim);
+                }
+                Ok(Err(refused)) => return Err(refused),
+                Ok(Ok(None)) if attempt < 10 => {}
+                Ok(Ok(None)) => {
+                    return Err(SinkError::retryable(format!(
+                        "{what}: other claims kept getting in the way"
+                    )))
+                }
+                // A lock held by a transaction of the old owner: claim again.
+                Err(e) if attempt < 10 && matches!(code_of(&e), Some(1205 | 1213)) => {
+                    self.drop_session();
+                }
+                Err(e) => {
+                    self.drop_session();
+                    return Err(sink_error(&what, e));
+                }
+            }
+        }
+    }
+
+    /// The claim this sink holds, if it claimed one ([`MySqlSink::claim`]).
+    pub fn claimed(&self) -> Option<&Claim> {
+        self.claim.as_ref()
+    }
+
     /// The epochs the target holds for `(sink_id, subtask)`, oldest first, with their
     /// checkpoint metadata (from the marker table; empty when it does not exist yet).
     ///
@@ -444,6 +540,7 @@ impl MySqlSink {
         let mapping = self.mapping.clone();
         let table = self.config.table.plain();
         let lock_timeout = self.config.lock_timeout;
+        let claim = self.claim.clone();
         let s = self.session().await?;
         let begin = match &xid {
             None => "START TRANSACTION".to_string(),
@@ -453,6 +550,16 @@ impl MySqlSink {
             .query_drop(&begin)
             .await
             .map_err(|e| sink_error(&begin, e))?;
+        if let Some(claim) = &claim {
+            let owners = OwnerTable::beside(marker.name());
+            let found = owners.check(&mut s.conn, claim).await.map_err(|e| {
+                sink_error(&format!("read the owner in {}", owners.name().plain()), e)
+            })?;
+            if let Err(fenced) = claim.check(found.as_ref().map(|(o, g)| (o.as_str(), *g))) {
+                self.roll_back(xid.as_ref()).await;
+                return Err(fenced);
+            }
+        }
         let fresh = match marker
             .write(&mut s.conn, &key, epoch.metadata(), epoch.len())
             .await
@@ -708,6 +815,9 @@ impl AsyncSink for MySqlSink {
     async fn deliver(&mut self, epoch: &Epoch) -> Result<(), SinkError> {
         if self.busy {
             self.drop_session();
+        }
+        if let Some(claim) = &self.claim {
+            claim.check_key(epoch.key())?;
         }
         let fp = xa::fingerprint(epoch);
         let is_xa = self.config.mode == Mode::Xa;

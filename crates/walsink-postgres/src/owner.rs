@@ -12,7 +12,7 @@
 //! );
 //! ```
 //!
-//! [`OwnerTable::claim`] reads the row `FOR UPDATE`, applies [`walsink::decide_claim`] and
+//! [`OwnerTable::claim_in`] (inside [`PgSink::claim`](crate::PgSink::claim)) reads the row `FOR UPDATE`, applies [`walsink::decide_claim`] and
 //! writes the new owner and generation in one transaction. Every epoch's transaction reads
 //! the row `FOR SHARE` first ([`OwnerTable::check`]) and rolls back, writing nothing, when it
 //! no longer holds the claim. The two locks conflict, so a claim waits for every epoch

@@ -503,37 +503,62 @@ impl RedisSink {
                 _ => None,
             };
             let mut t = redis::pipe();
-            t.atomic();
+            t.ignore_errors();
+            t.cmd("MULTI");
+            let mut queued = 1;
             if !exists {
                 // Move a marker of the old shared hash first, as the marker move does: the
                 // owner fields make the per-sink key exist, and then the old one is not read.
                 if let Some(m) = bulk(v.get(3)) {
-                    t.cmd("HSET").arg(&key).arg("marker").arg(m).ignore();
+                    t.cmd("HSET").arg(&key).arg("marker").arg(m);
+                    queued += 1;
                 }
                 if let Some(m) = bulk(v.get(4)) {
-                    t.cmd("HSET").arg(&key).arg("meta").arg(m).ignore();
+                    t.cmd("HSET").arg(&key).arg("meta").arg(m);
+                    queued += 1;
                 }
-                t.cmd("HDEL")
-                    .arg(&old)
-                    .arg(&field)
-                    .arg(&meta_field)
-                    .ignore();
+                t.cmd("HDEL").arg(&old).arg(&field).arg(&meta_field);
+                queued += 1;
             }
             t.cmd("HSET")
                 .arg(&key)
                 .arg("owner")
                 .arg(&*claim.owner)
                 .arg("generation")
-                .arg(claim.generation)
-                .ignore();
-            let r: Option<()> = t
+                .arg(claim.generation);
+            queued += 1;
+            t.cmd("EXEC");
+            let r: Vec<Value> = t
                 .query_async(&mut c)
                 .await
                 .map_err(|e| self.fail(&e, "claim"))?;
-            if r.is_some() {
-                tracing::info!(sink_id, subtask, owner = %claim.owner, generation = claim.generation, "claimed the shard");
-                self.claim = Some(claim.clone());
-                return Ok(claim);
+            // A command refused when queued (OOM, NOPERM, …): nothing ran; its refusal says why.
+            if let Some(Value::ServerError(e)) = r
+                .iter()
+                .take(queued)
+                .find(|x| matches!(x, Value::ServerError(_)))
+            {
+                unwatch(&mut c).await;
+                return Err(classify_server(e, &what));
+            }
+            match r.get(queued) {
+                Some(Value::Array(results)) => {
+                    if let Some(Value::ServerError(e)) =
+                        results.iter().find(|x| matches!(x, Value::ServerError(_)))
+                    {
+                        return Err(classify_server(e, &what));
+                    }
+                    tracing::info!(sink_id, subtask, owner = %claim.owner, generation = claim.generation, "claimed the shard");
+                    self.claim = Some(claim.clone());
+                    return Ok(claim);
+                }
+                Some(Value::Nil) => {}
+                Some(Value::ServerError(e)) => return Err(classify_server(e, &what)),
+                other => {
+                    return Err(SinkError::permanent(format!(
+                        "{what}: unexpected reply to EXEC: {other:?}"
+                    )))
+                }
             }
             // The key changed after WATCH (a delivery of the old owner, another claim): again.
         }

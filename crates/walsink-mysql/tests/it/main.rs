@@ -7,6 +7,7 @@
 mod common;
 
 mod faults;
+mod ownership;
 #[cfg(feature = "testkit")]
 mod private_server;
 mod server;

@@ -14,6 +14,10 @@
 //! interleaved rounds: the ratio TLS rows/s / plain rows/s for the large epoch and the latency
 //! of small epochs (connections are reused, so the handshake is not in the rows).
 //!
+//! Then the ownership check's cost: epochs of 1,000 records delivered by a sink that claimed
+//! its shard (every transaction reads the owner row `FOR SHARE` first) against one that did
+//! not, interleaved.
+//!
 //! `cargo bench -p walsink-postgres --features testkit --bench copy -- [RECORDS] [ROUNDS]`
 //! (default 1000000 records of 256 B, 5 rounds; `WALSINK_BENCH_PG` overrides the server,
 //! default postgres://postgres@127.0.0.1:5432/test).
@@ -128,6 +132,19 @@ async fn through_walsink(
     recs: &[Vec<u8>],
     per: usize,
 ) -> (Duration, Vec<Duration>) {
+    through_walsink_owned(url, table, mode, recs, per, false).await
+}
+
+/// [`through_walsink`], the shard claimed first when `claimed` (every epoch's transaction
+/// then checks the owner row).
+async fn through_walsink_owned(
+    url: &str,
+    table: &str,
+    mode: &str,
+    recs: &[Vec<u8>],
+    per: usize,
+    claimed: bool,
+) -> (Duration, Vec<Duration>) {
     let sink_id = table.replace('_', "-");
     let (_dir, wal) = log(&sink_id, recs, per);
     // Plain text unless asked: the floor's client is plain too (and TLS has its own section).
@@ -139,6 +156,11 @@ async fn through_walsink(
     let mut sink =
         PgSink::new(Config::from_url(&format!("{url}?table={table}{mode}{tls}")).unwrap());
     sink.connect().await.unwrap();
+    if claimed {
+        sink.claim(&sink_id, 0, &walsink::Owner::new(wal.log_id()))
+            .await
+            .unwrap();
+    }
     let mut each = Vec::new();
     let t = Instant::now();
     while wal.health().backlog_epochs > 0 {
@@ -239,6 +261,45 @@ fn main() {
     println!(
         "marker mode vs raw COPY+COMMIT: ratio median {m:.3} (min {lo:.3}, max {hi:.3}); floor {fm:.0} rows/s, walsink {wm:.0} rows/s"
     );
+
+    // The ownership check: a claimed sink reads its owner row FOR SHARE first in every epoch's
+    // transaction. Epochs of 1,000 records (the check is per transaction), claimed against
+    // unclaimed, interleaved; the ratio is claimed rows/s over unclaimed rows/s.
+    rt.block_on(async {
+        let per = 1000.min(n);
+        let (mut ratio, mut un, mut cl) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let mut t = [0.0f64; 2];
+            let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+            for claimed in order {
+                let (d, _) = through_walsink_owned(
+                    &url,
+                    &format!("{tag}_o{round}{}", claimed as u8),
+                    "",
+                    &recs,
+                    per,
+                    claimed,
+                )
+                .await;
+                t[claimed as usize] = n as f64 / d.as_secs_f64();
+            }
+            println!(
+                "round {round}: epochs of {per}: unclaimed {:.0} rows/s, claimed {:.0} rows/s, ratio {:.3}",
+                t[0],
+                t[1],
+                t[1] / t[0]
+            );
+            ratio.push(t[1] / t[0]);
+            un.push(t[0]);
+            cl.push(t[1]);
+        }
+        let (m, lo, hi) = stats(&mut ratio);
+        let (u, _, _) = stats(&mut un);
+        let (c, _, _) = stats(&mut cl);
+        println!(
+            "ownership check, epochs of {per}: claimed/unclaimed median {m:.3} (min {lo:.3}, max {hi:.3}); unclaimed {u:.0} rows/s, claimed {c:.0} rows/s"
+        );
+    });
 
     // Two-phase against marker mode on a private cluster (the shared server has no prepared
     // transactions): the large epoch, and the latency of small epochs.

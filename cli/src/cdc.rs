@@ -24,7 +24,7 @@ use walsink::sinks::CommittedEpoch;
 use walsink::{Options, Sink, WalSink};
 use walsink_cdc::capture::{Capture, SourceConfig, SourcePos};
 use walsink_cdc::{CdcSink, Config};
-use walsink_tokio::BlockingSink;
+use walsink_tokio::{AsyncSink, BlockingSink};
 
 /// Arguments of `walsink cdc`.
 #[derive(Args, Debug, Clone)]
@@ -89,13 +89,13 @@ fn runtime() -> CliResult<Arc<tokio::runtime::Runtime>> {
     ))
 }
 
-/// The CDC sink as a blocking [`Sink`], with the runtime its connection lives on.
-struct RtSink {
-    sink: BlockingSink<CdcSink>,
+/// A CDC sink as a blocking [`Sink`], with the runtime its connection lives on.
+struct RtSink<S: AsyncSink = CdcSink> {
+    sink: BlockingSink<S>,
     _rt: Arc<tokio::runtime::Runtime>,
 }
 
-impl Sink for RtSink {
+impl<S: AsyncSink> Sink for RtSink<S> {
     fn deliver(&mut self, epoch: &walsink::Epoch) -> Result<(), walsink::SinkError> {
         self.sink.deliver(epoch)
     }
@@ -152,8 +152,88 @@ impl Target for CdcTarget {
     }
 }
 
+/// `--sink mysql://…` (or `mariadb://…`): the events applied to MySQL or MariaDB.
+#[cfg(feature = "mysql")]
+struct MySqlCdcTarget {
+    config: walsink_cdc::MySqlCdcConfig,
+    rt: Arc<tokio::runtime::Runtime>,
+}
+
+#[cfg(feature = "mysql")]
+impl MySqlCdcTarget {
+    fn connect(&self) -> CliResult<walsink_cdc::MySqlCdcSink> {
+        self.rt
+            .block_on(walsink_cdc::MySqlCdcSink::connect(self.config.clone()))
+            .map_err(|e| format!("cannot use the target {}: {e}", self.config).into())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Target for MySqlCdcTarget {
+    fn shown(&self) -> String {
+        self.config.to_string()
+    }
+
+    fn open_sink(
+        &self,
+        _sink_id: &str,
+        _subtask: u32,
+        _owner: &walsink::Owner,
+    ) -> CliResult<(Box<dyn Sink>, Option<walsink::Claim>)> {
+        let sink = self.connect()?;
+        Ok((
+            Box::new(RtSink {
+                sink: BlockingSink::with_handle(sink, self.rt.handle().clone()),
+                _rt: self.rt.clone(),
+            }),
+            None,
+        ))
+    }
+
+    fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
+        let mut sink = self.connect()?;
+        let c = self
+            .rt
+            .block_on(sink.committed(sink_id, subtask))
+            .map_err(|e| format!("cannot read the commit markers of {}: {e}", self.config))?;
+        Ok(Some(c))
+    }
+}
+
+/// Whether `--sink` names a MySQL or MariaDB server.
+fn is_mysql(spec: &str) -> bool {
+    spec.starts_with("mysql://") || spec.starts_with("mariadb://")
+}
+
+/// `--sink mysql://…` as a [`Target`], with whether its events carry the default position
+/// field (lines are then checked fully before they are shipped).
+#[cfg(feature = "mysql")]
+fn mysql_target(spec: &str) -> CliResult<(Box<dyn Target>, bool)> {
+    let config = walsink_cdc::MySqlCdcConfig::from_url(spec).map_err(|e| format!("--sink: {e}"))?;
+    let position = config.position == walsink_cdc::PositionField::default();
+    Ok((
+        Box::new(MySqlCdcTarget {
+            config,
+            rt: runtime()?,
+        }),
+        position,
+    ))
+}
+
+#[cfg(not(feature = "mysql"))]
+fn mysql_target(_spec: &str) -> CliResult<(Box<dyn Target>, bool)> {
+    Err(Refused(
+        "--sink: this walsink was built without the mysql feature (cargo build --features mysql)"
+            .into(),
+    )
+    .into())
+}
+
 /// The `--sink` of a `cdc` log as a [`Target`], for `walsink inspect --sink`.
 pub(crate) fn target(spec: &str) -> CliResult<Box<dyn Target>> {
+    if is_mysql(spec) {
+        return Ok(mysql_target(spec)?.0);
+    }
     let config = Config::from_url(spec).map_err(|e| format!("--sink: {e}"))?;
     Ok(Box::new(CdcTarget {
         config,
@@ -169,13 +249,41 @@ fn check_event(line: &[u8]) -> Result<(), String> {
 
 /// Runs `walsink cdc`.
 pub fn run(args: CdcArgs) -> CliResult<ExitCode> {
+    if is_mysql(&args.sink) {
+        let Some(input) = &args.input else {
+            return Err(Refused(
+                "--source reads a PostgreSQL slot into a PostgreSQL replica; with a mysql:// or mariadb:// --sink, give --input FILE (Debezium events, one JSON per line)".into(),
+            )
+            .into());
+        };
+        let (target, position) = mysql_target(&args.sink)?;
+        return run_input(&args, input, target, position);
+    }
     let config = Config::from_url(&args.sink).map_err(|e| format!("--sink: {e}"))?;
     let rt = runtime()?;
     match (&args.input, &args.source) {
         (Some(input), None) => {
-            let target = CdcTarget { config, rt };
+            let position = config_position(&config);
+            run_input(&args, input, Box::new(CdcTarget { config, rt }), position)
+        }
+        (None, Some(source)) => run_source(&args, source, config, rt),
+        _ => Err("give --input FILE or --source URL".into()),
+    }
+}
+
+/// `walsink cdc --input`: `pipe`'s resumable reading of the file into `target`; `position`:
+/// the events carry the default position field, so every line is checked before it is
+/// shipped.
+fn run_input(
+    args: &CdcArgs,
+    input: &std::path::Path,
+    target: Box<dyn Target>,
+    position: bool,
+) -> CliResult<ExitCode> {
+    {
+        {
             let pipe = PipeArgs {
-                input: input.clone(),
+                input: input.to_path_buf(),
                 wal: args.wal.clone(),
                 sink: args.sink.clone(),
                 checkpoint_every: args.checkpoint_every,
@@ -194,16 +302,13 @@ pub fn run(args: CdcArgs) -> CliResult<ExitCode> {
                 quiet: args.quiet,
                 metrics_addr: args.metrics_addr.clone(),
             };
-            let position = config_position(&target.config);
             let hooks = crate::pipe::Hooks {
                 name: "cdc",
-                target: Some(Box::new(target)),
+                target: Some(target),
                 check_line: Some(if position { check_event } else { check_any }),
             };
             crate::pipe::run_with(pipe, hooks)
         }
-        (None, Some(source)) => run_source(&args, source, config, rt),
-        _ => Err("give --input FILE or --source URL".into()),
     }
 }
 

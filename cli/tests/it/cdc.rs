@@ -402,3 +402,147 @@ fn cdc_input_names_itself_in_its_messages() {
     assert!(stopped.contains("cdc: stopped by SIGTERM"), "{stopped}");
     assert!(!stopped.contains("pipe:"), "{stopped}");
 }
+
+/// Runs `sql` on the shared MariaDB with the mariadb client, in database `db`; its
+/// tab-separated output.
+fn mariadb(db: &str, sql: &str) -> String {
+    let o = Command::new("mariadb")
+        .args([
+            "--no-defaults",
+            "-h127.0.0.1",
+            "-P3306",
+            "-uroot",
+            "-N",
+            "-B",
+            db,
+            "-e",
+            sql,
+        ])
+        .output()
+        .expect("run mariadb");
+    assert!(o.status.success(), "mariadb {sql}: {}", stderr(&o));
+    stdout(&o)
+}
+
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local MariaDB"
+)]
+fn kill_loop_from_a_file_of_events_into_mariadb_ends_with_the_replica_equal_to_the_source() {
+    let d = tempfile::tempdir().unwrap();
+    let db = format!("cdc_cli_my_{}_{:x}", std::process::id(), fastrand::u32(..));
+    let (lines, state) = stream(13, 40_000);
+    let inp = d.path().join("events.jsonl");
+    let mut f = std::io::BufWriter::new(std::fs::File::create(&inp).unwrap());
+    for l in &lines {
+        writeln!(f, "{l}").unwrap();
+    }
+    f.flush().unwrap();
+    drop(f);
+    mariadb("test", &format!("CREATE DATABASE {db}"));
+    mariadb(&db, "CREATE TABLE t (id INT PRIMARY KEY, v TEXT, n INT)");
+    let wal = d.path().join("wal");
+    let args: Vec<String> = [
+        "cdc",
+        "--input",
+        s(&inp),
+        "--wal",
+        s(&wal),
+        "--sink",
+        &format!("mysql://root@127.0.0.1:3306/{db}"),
+        "--checkpoint-every",
+        "700",
+        "--quiet",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    // Server faults beside the SIGKILLs: the sink's connections (those using the run's
+    // database) killed at random moments, mid-transaction or between epochs.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server_kills = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let killer = {
+        let (stop, server_kills, db) = (stop.clone(), server_kills.clone(), db.clone());
+        std::thread::spawn(move || {
+            let mut rng = fastrand::Rng::with_seed(5);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(rng.u64(150..600)));
+                let ids = mariadb(
+                    "test",
+                    &format!("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = '{db}'"),
+                );
+                if let Some(id) = ids.lines().next() {
+                    let o = Command::new("mariadb")
+                        .args(["--no-defaults", "-h127.0.0.1", "-P3306", "-uroot", "-e"])
+                        .arg(format!("KILL CONNECTION {id}"))
+                        .output()
+                        .unwrap();
+                    if o.status.success() {
+                        server_kills.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+    };
+    let killed = kill_loop(&args, 16, 17, 30, 600);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    killer.join().unwrap();
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = walsink(&refs);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = mariadb(&db, "SELECT id, v, n FROM t ORDER BY id");
+    let want: String = state
+        .iter()
+        .map(|(id, (v, n))| format!("{id}\t{v}\t{n}\n"))
+        .collect();
+    let applied = mariadb(&db, "SELECT COUNT(*), SUM(records) FROM walsink_markers");
+    eprintln!(
+        "mariadb file kill loop: {} lines, {killed} SIGKILLs, {} connections killed, markers/records {applied}, replica {} rows",
+        lines.len(),
+        server_kills.load(std::sync::atomic::Ordering::Relaxed),
+        got.lines().count()
+    );
+    assert!(killed >= 8, "only {killed} runs were killed");
+    assert!(got == want, "the replica differs from the source");
+    let records: u64 = applied.split('\t').nth(1).unwrap().trim().parse().unwrap();
+    assert_eq!(
+        records,
+        lines.len() as u64,
+        "every line in exactly one committed epoch"
+    );
+    mariadb("test", &format!("DROP DATABASE {db}"));
+}
+
+#[test]
+fn cdc_source_into_mysql_is_refused_before_anything_is_made() {
+    let d = tempfile::tempdir().unwrap();
+    let wal = d.path().join("wal");
+    let o = walsink(&[
+        "cdc",
+        "--source",
+        "postgres://u@127.0.0.1:1/db?slot=s&tables=a",
+        "--wal",
+        s(&wal),
+        "--sink",
+        "mysql://root:secret@127.0.0.1:1/db",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--input"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("secret"));
+    assert!(!wal.exists());
+    let inp = d.path().join("events.jsonl");
+    std::fs::write(&inp, "null\n").unwrap();
+    let o = walsink(&[
+        "cdc",
+        "--input",
+        s(&inp),
+        "--wal",
+        s(&wal),
+        "--sink",
+        "mysql://root:secret@127.0.0.1:1/db?table=x",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("table"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("secret"));
+}

@@ -10,6 +10,8 @@
 //!   the position guard that makes replayed or rewound events change nothing.
 //! - [`capture`]: the source: a logical replication slot read with pgoutput through SQL
 //!   functions, a snapshot first, and the slot advanced only after the target committed.
+//! - [`mysql`] (feature `mysql`): [`MySqlCdcSink`], the same events applied to MySQL or
+//!   MariaDB, with the marker, the guard and tombstones in MySQL's SQL.
 //! - [`shape`]: a captured table's columns as the replica holds them, and the schema changes
 //!   the stream's relation messages show (followed, or refused by name).
 //!
@@ -24,6 +26,8 @@ mod columns;
 pub mod config;
 pub mod event;
 mod image;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 pub mod pgoutput;
 pub mod plan;
 mod read;
@@ -33,4 +37,6 @@ pub mod shape;
 pub use apply::{CdcSink, Stats};
 pub use config::Config;
 pub use event::{BadEvent, Event, EventError, Op, PositionField};
+#[cfg(feature = "mysql")]
+pub use mysql::{MySqlCdcConfig, MySqlCdcSink, MySqlCdcStats};
 pub use tokio_postgres;

@@ -102,6 +102,22 @@ pub const PARAMETERS: &[&str] = &[
     "ssl_key",
 ];
 
+/// The query parameters of the connection itself, which [`Config::from_url_with`] reads
+/// for other users of a `mysql://` URL than the sink.
+pub const CONNECTION_PARAMETERS: &[&str] = &[
+    "marker_table",
+    "create",
+    "lock_timeout",
+    "idle_in_transaction_timeout",
+    "connect_timeout",
+    "password_file",
+    "password_env",
+    "ssl_mode",
+    "ssl_ca",
+    "ssl_cert",
+    "ssl_key",
+];
+
 /// Where and how a [`MySqlSink`](crate::MySqlSink) delivers.
 ///
 /// From a URL ([`Config::from_url`]):
@@ -194,6 +210,31 @@ impl Config {
     /// Parses a `mysql://` (or `mariadb://`) URL; see [`Config`]. Errors name the parameter
     /// and never hold the password.
     pub fn from_url(spec: &str) -> Result<Config, ConfigError> {
+        Self::parse_url(spec, None)
+    }
+
+    /// Parses a `mysql://` (or `mariadb://`) URL for another user of the connection than
+    /// the sink (the CDC apply): the connection's parameters as [`Config::from_url`] reads
+    /// them ([`CONNECTION_PARAMETERS`]), no `table`, and the caller's own parameters, named
+    /// in `own`, read by `take` from the [`Params`]. Any other parameter (`table`, `mode`,
+    /// `bulk`, `batch_size` among them) is an error naming it. [`Config::table`] is then the
+    /// marker table's name, unused.
+    pub fn from_url_with(
+        spec: &str,
+        own: &[&str],
+        take: &mut dyn FnMut(&mut Params) -> Result<(), ConfigError>,
+    ) -> Result<Config, ConfigError> {
+        Self::parse_url(spec, Some((own, take)))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn parse_url(
+        spec: &str,
+        tool: Option<(
+            &[&str],
+            &mut dyn FnMut(&mut Params) -> Result<(), ConfigError>,
+        )>,
+    ) -> Result<Config, ConfigError> {
         let err = |param: &str, why: String| ConfigError::new("mysql", param, why);
         let url = url::Url::parse(spec).map_err(|e| {
             err(
@@ -248,16 +289,25 @@ impl Config {
         }
         let password =
             walsink_kit::secret::resolve(&mut p, inline, "password_file", "password_env")?;
-        let table = match p.non_empty("table")? {
-            Some(t) => TableName::parse(&t, "table")?,
-            None => return Err(p.error("table", "is missing: add ?table=NAME")),
+        // The sink's own parameters, left in `p` for another user, whose check names them.
+        let sink = tool.is_none();
+        let table = match sink {
+            false => TableName::parse(crate::marker::DEFAULT_TABLE, "table")?,
+            true => match p.non_empty("table")? {
+                Some(t) => TableName::parse(&t, "table")?,
+                None => return Err(p.error("table", "is missing: add ?table=NAME")),
+            },
         };
         let mut c = Config::new(&host, port, &user, &database, table);
         c.password = password;
         if let Some(m) = p.non_empty("marker_table")? {
             c.marker_table = MarkerTable::new(TableName::parse(&m, "marker_table")?);
         }
-        if let Some(i) = p.choice("mode", &["marker", "xa"])? {
+        if let Some(i) = sink
+            .then(|| p.choice("mode", &["marker", "xa"]))
+            .transpose()?
+            .flatten()
+        {
             c.mode = [Mode::Marker, Mode::Xa][i];
         }
         if let Some(b) = p.bool("create")? {
@@ -287,13 +337,17 @@ impl Config {
             }
             c.connect_timeout = d;
         }
-        if let Some(n) = p.size("batch_size")? {
+        if let Some(n) = sink.then(|| p.size("batch_size")).transpose()?.flatten() {
             if !(4096..=(1 << 30)).contains(&n) {
                 return Err(p.error("batch_size", "must be between 4KiB and 1GiB"));
             }
             c.batch_size = n as usize;
         }
-        if let Some(i) = p.choice("bulk", &["load_data", "insert"])? {
+        if let Some(i) = sink
+            .then(|| p.choice("bulk", &["load_data", "insert"]))
+            .transpose()?
+            .flatten()
+        {
             c.bulk = [Bulk::LoadData, Bulk::Insert][i];
         }
         let modes = [
@@ -347,7 +401,14 @@ impl Config {
             // Checks the files now, so a wrong path is a configuration error at start.
             tls_files(&c.tls)?;
         }
-        p.finish_known(PARAMETERS)?;
+        match tool {
+            None => p.finish_known(PARAMETERS)?,
+            Some((own, take)) => {
+                take(&mut p)?;
+                let known: Vec<&str> = own.iter().chain(CONNECTION_PARAMETERS).copied().collect();
+                p.finish_known(&known)?;
+            }
+        }
         c.shown = shown(
             &scheme,
             &user,

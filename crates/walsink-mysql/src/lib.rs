@@ -28,6 +28,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+mod connect;
 pub mod error;
 mod failpoint;
 pub mod mapping;
@@ -43,6 +44,8 @@ pub use config::{Bulk, Config, Mode, SslMode};
 pub use error::{classify, classify_code, server_code, sink_error, Class, ConfigError};
 pub use mapping::{MapError, RawRows, RowMapping, RowWriter};
 pub use marker::{Marker, MarkerTable};
+/// The client crate, so that users of [`Config::connect`] name the same `Conn`.
+pub use mysql_async;
 pub use owner::OwnerTable;
 pub use sink::{ConnectionId, MySqlSink};
 pub use table::TableName;

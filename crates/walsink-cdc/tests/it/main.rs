@@ -13,6 +13,8 @@ mod capture_exact;
 mod created_key_inserts;
 mod guard_skip_and_pipelining;
 mod holding_window;
+#[cfg(feature = "mysql")]
+mod mysql_apply;
 mod parse_agrees_with_serde;
 mod unguarded_in_order;
 mod values_guard_and_reduction;

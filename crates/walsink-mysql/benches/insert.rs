@@ -5,6 +5,8 @@
 //!   memory, 4 MiB statements, the same escaping), then `COMMIT`;
 //! - `floor_load_data`: one transaction, `LOAD DATA LOCAL INFILE` of the rows as
 //!   tab-separated text streamed from memory, then `COMMIT`;
+//! - `floor_load_data_xa`: the same load as an XA transaction (XA START, the load, XA END,
+//!   XA PREPARE, XA COMMIT), the floor of XA mode;
 //! - `walsink_marker` and `walsink_xa`: the same rows sealed as one checkpoint in a walsink
 //!   log, delivered by `MySqlSink` (read from the log, mapped by `RawRows`, the marker, the
 //!   INSERTs, COMMIT; or XA END, XA PREPARE, XA COMMIT).
@@ -95,8 +97,15 @@ fn push_load_escaped(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
-/// One transaction: LOAD DATA LOCAL INFILE of the rows as tab-separated text from memory.
-async fn floor_load_data(c: &mut mysql_async::Conn, table: &str, recs: &[Vec<u8>]) {
+/// One transaction: LOAD DATA LOCAL INFILE of the rows as tab-separated text from memory;
+/// with `xa`, an XA transaction under that xid (XA START, the load, XA END, XA PREPARE,
+/// XA COMMIT), the floor of XA mode.
+async fn floor_load_data(
+    c: &mut mysql_async::Conn,
+    table: &str,
+    recs: &[Vec<u8>],
+    xa: Option<&str>,
+) {
     let mut body = Vec::with_capacity(recs.len() * (SIZE + 32));
     for (i, r) in recs.iter().enumerate() {
         body.extend_from_slice(format!("bench\t0\t1\t{i}\t").as_bytes());
@@ -107,7 +116,10 @@ async fn floor_load_data(c: &mut mysql_async::Conn, table: &str, recs: &[Vec<u8>
         .chunks(1 << 20)
         .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
         .collect();
-    c.query_drop("START TRANSACTION").await.unwrap();
+    match xa {
+        None => c.query_drop("START TRANSACTION").await.unwrap(),
+        Some(x) => c.query_drop(format!("XA START '{x}'")).await.unwrap(),
+    }
     c.set_infile_handler(async move {
         Ok(Box::pin(futures_util::stream::iter(chunks)) as mysql_async::InfileData)
     });
@@ -117,7 +129,14 @@ async fn floor_load_data(c: &mut mysql_async::Conn, table: &str, recs: &[Vec<u8>
     .await
     .unwrap();
     assert_eq!(c.affected_rows(), recs.len() as u64);
-    c.query_drop("COMMIT").await.unwrap();
+    match xa {
+        None => c.query_drop("COMMIT").await.unwrap(),
+        Some(x) => {
+            c.query_drop(format!("XA END '{x}'")).await.unwrap();
+            c.query_drop(format!("XA PREPARE '{x}'")).await.unwrap();
+            c.query_drop(format!("XA COMMIT '{x}'")).await.unwrap();
+        }
+    }
 }
 
 /// A log holding `recs` as checkpoint 1, and that epoch read out for delivery.
@@ -157,7 +176,7 @@ fn bench(c: &mut Criterion) {
         .unwrap()
         .as_nanos();
     let tag = format!("{}_{:x}", std::process::id(), nanos & 0xffff_ffff);
-    let tables: Vec<String> = ["ins", "load", "marker", "xa"]
+    let tables: Vec<String> = ["ins", "load", "marker", "xa", "loadxa"]
         .iter()
         .map(|t| format!("bench_{t}_{tag}"))
         .collect();
@@ -187,19 +206,28 @@ fn bench(c: &mut Criterion) {
             total
         })
     });
-    g.bench_function("floor_load_data", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                empty(&rt, &mut admin, &tables[1]);
-                let mut c = rt.block_on(client(&url)).unwrap();
-                let t = Instant::now();
-                rt.block_on(floor_load_data(&mut c, &tables[1], &recs));
-                total += t.elapsed();
-            }
-            total
-        })
-    });
+    for (name, table, xa) in [
+        ("floor_load_data", &tables[1], None),
+        (
+            "floor_load_data_xa",
+            &tables[4],
+            Some(format!("bench-{tag}")),
+        ),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    empty(&rt, &mut admin, table);
+                    let mut c = rt.block_on(client(&url)).unwrap();
+                    let t = Instant::now();
+                    rt.block_on(floor_load_data(&mut c, table, &recs, xa.as_deref()));
+                    total += t.elapsed();
+                }
+                total
+            })
+        });
+    }
     for (name, table, mode) in [
         ("walsink_marker", &tables[2], ""),
         ("walsink_xa", &tables[3], "&mode=xa"),

@@ -13,3 +13,4 @@ mod private_server;
 mod server;
 #[cfg(feature = "testkit")]
 mod tls;
+mod typed_mapping;

@@ -81,7 +81,7 @@ pub const DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60
 
 /// The default size of one multi-row `INSERT` statement (capped by the server's
 /// `max_allowed_packet`).
-pub const DEFAULT_BATCH_SIZE: usize = 4 << 20;
+pub const DEFAULT_BATCH_SIZE: usize = 16 << 20;
 
 /// The query parameters of a `mysql://` URL.
 pub const PARAMETERS: &[&str] = &[
@@ -121,7 +121,7 @@ pub const CONNECTION_PARAMETERS: &[&str] = &[
 /// Where and how a [`MySqlSink`](crate::MySqlSink) delivers.
 ///
 /// From a URL ([`Config::from_url`]):
-/// `mysql://USER[:PASSWORD]@HOST[:PORT]/DB?table=NAME[&mode=marker|xa][&marker_table=NAME][&create=true|false][&lock_timeout=5s][&idle_in_transaction_timeout=60s][&connect_timeout=10s][&batch_size=4MiB][&bulk=load_data|insert][&password_file=PATH|&password_env=VAR][&ssl_mode=disabled|preferred|required|verify_identity][&ssl_ca=PATH][&ssl_cert=PATH&ssl_key=PATH]`
+/// `mysql://USER[:PASSWORD]@HOST[:PORT]/DB?table=NAME[&mode=marker|xa][&marker_table=NAME][&create=true|false][&lock_timeout=5s][&idle_in_transaction_timeout=60s][&connect_timeout=10s][&batch_size=16MiB][&bulk=load_data|insert][&password_file=PATH|&password_env=VAR][&ssl_mode=disabled|preferred|required|verify_identity][&ssl_ca=PATH][&ssl_cert=PATH&ssl_key=PATH]`
 /// (or `mariadb://`); any other parameter is an error naming it. `Display` and `Debug` never
 /// show the password.
 #[derive(Clone)]
@@ -159,7 +159,7 @@ pub struct Config {
     /// How long connecting may take (TCP, handshake, session settings). Default 10 s.
     pub connect_timeout: Duration,
     /// Bytes of rows in one statement (LOAD DATA or multi-row INSERT), at most; the
-    /// server's `max_allowed_packet` caps it. Default 4 MiB.
+    /// server's `max_allowed_packet` caps it. Default 16 MiB.
     pub batch_size: usize,
     /// How the rows go in. Default [`Bulk::LoadData`].
     pub bulk: Bulk,
@@ -178,7 +178,7 @@ fn seconds(d: Duration) -> u64 {
 impl Config {
     /// A configuration with the defaults: marker mode, the marker table `walsink_markers`,
     /// tables created if missing, a lock timeout of 5 s, an idle-in-transaction timeout of
-    /// 60 s, a connect timeout of 10 s and INSERT statements of up to 4 MiB.
+    /// 60 s, a connect timeout of 10 s and statements of up to 16 MiB.
     pub fn new(host: &str, port: u16, user: &str, database: &str, table: TableName) -> Config {
         Config {
             shown: format!(

@@ -9,7 +9,7 @@
 //!
 //! - **Rows** go in by `LOAD DATA LOCAL INFILE` streamed from memory (or, with `bulk=insert`
 //!   or a server with `local_infile=OFF`, multi-row `INSERT`s) in statements of at most
-//!   `batch_size` bytes (4 MiB), capped by the server's `max_allowed_packet`, built chunk by
+//!   `batch_size` bytes (16 MiB), capped by the server's `max_allowed_packet`, built chunk by
 //!   chunk from the log
 //!   ([`walsink_tokio::AsyncChunks`]), so an epoch of any size takes bounded memory. A
 //!   [`RowMapping`] turns records into rows; the default, [`RawRows`], fills

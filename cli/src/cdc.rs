@@ -47,6 +47,11 @@ pub struct CdcArgs {
     /// Stable sink id, kept with each commit marker.
     #[arg(long, default_value = "cdc")]
     pub sink_id: String,
+    /// With --input: take the sink id over from the log that owns it in the target (its
+    /// commits are then refused, fenced) and go on from the target's newest checkpoint, as
+    /// `pipe --take-over` does.
+    #[arg(long, conflicts_with = "source")]
+    pub take_over: bool,
     /// With --input: checkpoint after this many events.
     #[arg(long, default_value_t = 5_000)]
     pub checkpoint_every: u64,
@@ -128,18 +133,20 @@ impl Target for CdcTarget {
 
     fn open_sink(
         &self,
-        _sink_id: &str,
-        _subtask: u32,
-        _owner: &walsink::Owner,
+        sink_id: &str,
+        subtask: u32,
+        owner: &walsink::Owner,
     ) -> CliResult<(Box<dyn Sink>, Option<walsink::Claim>)> {
-        let sink = self.connect()?;
-        Ok((
-            Box::new(RtSink {
-                sink: BlockingSink::with_handle(sink, self.rt.handle().clone()),
-                _rt: self.rt.clone(),
-            }),
-            None,
-        ))
+        let sink = RtSink {
+            sink: BlockingSink::with_handle(self.connect()?, self.rt.handle().clone()),
+            _rt: self.rt.clone(),
+        };
+        let (sink_id, owner) = (sink_id.to_string(), owner.clone());
+        crate::targets::claim_or_defer(sink, move |s: &mut RtSink<CdcSink>| {
+            s.sink
+                .block_on(async |x| x.claim(&sink_id, subtask, &owner).await)
+        })
+        .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()).into())
     }
 
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
@@ -176,18 +183,20 @@ impl Target for MySqlCdcTarget {
 
     fn open_sink(
         &self,
-        _sink_id: &str,
-        _subtask: u32,
-        _owner: &walsink::Owner,
+        sink_id: &str,
+        subtask: u32,
+        owner: &walsink::Owner,
     ) -> CliResult<(Box<dyn Sink>, Option<walsink::Claim>)> {
-        let sink = self.connect()?;
-        Ok((
-            Box::new(RtSink {
-                sink: BlockingSink::with_handle(sink, self.rt.handle().clone()),
-                _rt: self.rt.clone(),
-            }),
-            None,
-        ))
+        let sink = RtSink {
+            sink: BlockingSink::with_handle(self.connect()?, self.rt.handle().clone()),
+            _rt: self.rt.clone(),
+        };
+        let (sink_id, owner) = (sink_id.to_string(), owner.clone());
+        crate::targets::claim_or_defer(sink, move |s: &mut RtSink<walsink_cdc::MySqlCdcSink>| {
+            s.sink
+                .block_on(async |x| x.claim(&sink_id, subtask, &owner).await)
+        })
+        .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()).into())
     }
 
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
@@ -295,7 +304,7 @@ fn run_input(
                 max_backlog_bytes: None,
                 max_retries: args.max_retries,
                 retry_deadline: args.retry_deadline,
-                take_over: false,
+                take_over: args.take_over,
                 stop_timeout: args.stop_timeout,
                 progress_interval: args.progress_interval,
                 json: false,
@@ -426,6 +435,22 @@ fn run_source(
             .into());
         }
     }
+    // The shard is this log's from here on: a copy of it still running elsewhere (same log,
+    // older claim) or another log is fenced in the target at its next commit.
+    rt.block_on(sink.claim(&args.sink_id, 0, &walsink::Owner::new(wal.log_id())))
+        .map_err(|e| {
+            let text = format!(
+                "cannot claim sink id {:?} in {target_shown}: {e}",
+                args.sink_id
+            );
+            let refused: Box<dyn std::error::Error> =
+                if e.class() == walsink::SinkErrorClass::Fenced {
+                    Box::new(Refused(text))
+                } else {
+                    text.into()
+                };
+            refused
+        })?;
     let log_cp = report.last_checkpoint.unwrap_or(0);
     let (log_id, mut pos, from) = match (&target_meta, &log_meta) {
         (Some((t, tm)), _) if *t > log_cp => (

@@ -546,3 +546,67 @@ fn cdc_source_into_mysql_is_refused_before_anything_is_made() {
     assert!(stderr(&o).contains("table"), "{}", stderr(&o));
     assert!(!stderr(&o).contains("secret"));
 }
+
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local MariaDB"
+)]
+fn a_second_cdc_log_under_one_sink_id_is_refused_and_takes_over_only_when_asked() {
+    let d = tempfile::tempdir().unwrap();
+    let db = format!("cdc_cli_own_{}_{:x}", std::process::id(), fastrand::u32(..));
+    mariadb("test", &format!("CREATE DATABASE {db}"));
+    mariadb(&db, "CREATE TABLE t (id INT PRIMARY KEY, v TEXT, n INT)");
+    let sink = format!("mysql://root@127.0.0.1:3306/{db}");
+    let line = |id: i32, lsn: u64| {
+        json!({"before": null, "after": {"id": id, "v": "x", "n": 1}, "op": "c",
+               "source": {"table": "t", "lsn": lsn}})
+        .to_string()
+    };
+    let input = d.path().join("events.jsonl");
+    let write = |ids: &[i32]| {
+        let text: String = ids.iter().map(|&i| line(i, i as u64) + "\n").collect();
+        std::fs::write(&input, text).unwrap();
+    };
+    let run = |wal: &str, extra: &[&str]| {
+        let wal = d.path().join(wal);
+        let mut a = vec![
+            "cdc",
+            "--input",
+            s(&input),
+            "--wal",
+            s(&wal),
+            "--sink",
+            &sink,
+        ];
+        a.extend_from_slice(extra);
+        walsink(&a)
+    };
+    write(&[1, 2]);
+    let o = run("wal-a", &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Another log (the same input, restarted elsewhere), the same sink id: refused before
+    // anything is applied.
+    write(&[1, 2, 3]);
+    let o = run("wal-b", &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--take-over"), "{}", stderr(&o));
+    assert_eq!(mariadb(&db, "SELECT COUNT(*) FROM t").trim(), "2");
+    // Taken over: it goes on from the target's newest checkpoint; the old log is fenced at
+    // its next commit and applies nothing.
+    let o = run("wal-b", &["--take-over"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(mariadb(&db, "SELECT COUNT(*) FROM t").trim(), "3");
+    write(&[1, 2, 3, 4]);
+    let o = run("wal-a", &[]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("fenced"), "{}", stderr(&o));
+    assert_eq!(
+        mariadb(&db, "SELECT COUNT(*) FROM t WHERE id = 4").trim(),
+        "0"
+    );
+    let o = run("wal-b", &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(mariadb(&db, "SELECT COUNT(*) FROM t").trim(), "4");
+    mariadb("test", &format!("DROP DATABASE {db}"));
+}

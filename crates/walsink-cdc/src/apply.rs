@@ -26,8 +26,8 @@ use std::future::Future;
 use std::task::Poll;
 use tokio_postgres::{Client, Statement, Transaction};
 use walsink::sinks::CommittedEpoch;
-use walsink::{Epoch, EpochKey, RecordPosition, SinkError};
-use walsink_postgres::{MarkerTable, TableName};
+use walsink::{Claim, Epoch, EpochKey, Owner, RecordPosition, SinkError};
+use walsink_postgres::{MarkerTable, OwnerTable, TableName};
 use walsink_tokio::{AsyncChunks, AsyncSink};
 
 fn classify(e: tokio_postgres::Error, what: &str) -> SinkError {
@@ -54,6 +54,8 @@ pub struct CdcSink {
     /// Tables (qualified) found without the guard's column: it is added in a transaction of
     /// its own before the epoch is applied again.
     columns_due: std::collections::HashSet<String>,
+    /// The shard this sink claimed ([`CdcSink::claim`]): every epoch checks it first.
+    claim: Option<Claim>,
 }
 
 /// The tables that no longer get plain inserts (see [`INSERT`]); shared with the flushes in
@@ -279,6 +281,7 @@ impl CdcSink {
             refused: TableSet::default(),
             counted: Stats::default(),
             columns_due: Default::default(),
+            claim: None,
         };
         s.client().await?;
         Ok(s)
@@ -359,7 +362,8 @@ impl CdcSink {
                             ))
                             .await?;
                     }
-                    self.marker.create(&client).await
+                    self.marker.create(&client).await?;
+                    OwnerTable::beside(self.marker.name()).create(&client).await
                 }
                 .await;
                 match r {
@@ -381,6 +385,66 @@ impl CdcSink {
             self.client = Some(client);
         }
         Ok(self.client.as_mut().expect("set above"))
+    }
+
+    /// Claims the shard `(sink_id, subtask)` for `owner` in the owners table beside the
+    /// marker table (`SCHEMA.walsink_owners`, as the PostgreSQL target keeps it) and keeps
+    /// the claim: from then on every epoch's transaction reads the owner row `FOR SHARE`
+    /// first and writes nothing (a [`SinkError::fenced`] error) once another log took the
+    /// shard over. A sink that never claims does not look at owners.
+    ///
+    /// # Errors
+    /// [`SinkError::fenced`] when another log owns the shard and `owner` does not take it
+    /// over; the classified server error otherwise.
+    ///
+    /// # Cancel safety
+    /// If dropped, the claim may or may not be committed; claim again (a claim of the same
+    /// owner is always granted, one generation higher).
+    pub async fn claim(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+        owner: &Owner,
+    ) -> Result<Claim, SinkError> {
+        self.claim = None;
+        let owners = OwnerTable::beside(self.marker.name());
+        let what = format!(
+            "claim shard {sink_id}/{subtask} in {}",
+            owners.name().plain()
+        );
+        for attempt in 1..=10 {
+            let c = self.client().await?;
+            match owners.claim_once(c, sink_id, subtask, owner).await {
+                Ok(Ok(Some(claim))) => {
+                    self.claim = Some(claim.clone());
+                    return Ok(claim);
+                }
+                Ok(Err(refused)) => return Err(refused),
+                Ok(Ok(None)) => {}
+                // A lock held by an epoch of the old owner, or a first record inserted at
+                // the same moment: claim again on a new connection.
+                Err(e)
+                    if attempt < 10
+                        && e.code().is_some_and(|s| {
+                            matches!(s.code(), "55P03" | "40001" | "40P01" | "23505")
+                        }) =>
+                {
+                    self.client = None;
+                }
+                Err(e) => {
+                    self.client = None;
+                    return Err(classify(e, &what));
+                }
+            }
+        }
+        Err(SinkError::retryable(format!(
+            "{what}: other claims kept getting in the way"
+        )))
+    }
+
+    /// The claim this sink holds, if it claimed one.
+    pub fn claimed(&self) -> Option<&Claim> {
+        self.claim.as_ref()
     }
 
     /// Runs `statements` on the target in one transaction (to create the replica tables).
@@ -442,6 +506,7 @@ impl CdcSink {
             stats,
             refused,
             columns_due,
+            claim,
             ..
         } = self;
         let client = client.as_mut().expect("connected above");
@@ -449,6 +514,14 @@ impl CdcSink {
             .transaction()
             .await
             .map_err(|e| classify(e, "begin"))?;
+        if let Some(claim) = claim.as_ref() {
+            let owners = OwnerTable::beside(marker.name());
+            let found = owners.check(&tx, claim).await.map_err(|e| {
+                classify(e, &format!("read the owner in {}", owners.name().plain()))
+            })?;
+            // A fenced answer drops the transaction uncommitted: it rolls back.
+            claim.check(found.as_ref().map(|(o, g)| (o.as_str(), *g)))?;
+        }
         // The marker first: it is the epoch's lock, and finding it means the epoch is in.
         let fresh = marker
             .write(&tx, epoch.key(), epoch.metadata(), epoch.len())

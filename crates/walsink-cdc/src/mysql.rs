@@ -25,12 +25,20 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::fmt;
 use walsink::sinks::CommittedEpoch;
-use walsink::{Epoch, EpochKey, RecordPosition, SinkError};
+use walsink::{Claim, Epoch, EpochKey, Owner, RecordPosition, SinkError};
 use walsink_kit::ConfigError;
 use walsink_mysql::mysql_async::prelude::Queryable;
 use walsink_mysql::mysql_async::{self, Conn};
 use walsink_mysql::table::{quote_ident, quote_literal};
-use walsink_mysql::{sink_error, MarkerTable};
+use walsink_mysql::{sink_error, MarkerTable, OwnerTable};
+
+/// The server's error number of `e`, if it is a server error.
+fn e_code(e: &mysql_async::Error) -> Option<u16> {
+    match e {
+        mysql_async::Error::Server(s) => Some(s.code),
+        _ => None,
+    }
+}
 use walsink_tokio::{AsyncChunks, AsyncSink};
 
 /// The hidden column that holds each replica row's rank.
@@ -190,6 +198,8 @@ pub struct MySqlCdcSink {
     statement_limit: usize,
     tables: HashMap<String, Meta>,
     stats: MySqlCdcStats,
+    /// The shard this sink claimed ([`MySqlCdcSink::claim`]): every epoch checks it first.
+    claim: Option<Claim>,
 }
 
 impl fmt::Debug for MySqlCdcSink {
@@ -276,9 +286,65 @@ impl MySqlCdcSink {
             statement_limit: 1 << 20,
             tables: HashMap::new(),
             stats: MySqlCdcStats::default(),
+            claim: None,
         };
         s.conn().await?;
         Ok(s)
+    }
+
+    /// Claims the shard `(sink_id, subtask)` for `owner` in the owners table beside the
+    /// marker table (`walsink_owners`, as the MySQL target keeps it) and keeps the claim:
+    /// from then on every epoch's transaction reads the owner row `LOCK IN SHARE MODE` first
+    /// and writes nothing (a [`SinkError::fenced`] error) once another log took the shard
+    /// over. A sink that never claims does not look at owners.
+    ///
+    /// # Errors
+    /// [`SinkError::fenced`] when another log owns the shard and `owner` does not take it
+    /// over; the classified server error otherwise.
+    ///
+    /// # Cancel safety
+    /// If dropped, the claim may or may not be committed; claim again (a claim of the same
+    /// owner is always granted, one generation higher).
+    pub async fn claim(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+        owner: &Owner,
+    ) -> Result<Claim, SinkError> {
+        self.claim = None;
+        let owners = OwnerTable::beside(self.marker.name());
+        let what = format!(
+            "claim shard {sink_id}/{subtask} in {}",
+            owners.name().plain()
+        );
+        for attempt in 1..=10 {
+            let c = self.conn().await?;
+            match owners.claim_once(c, sink_id, subtask, owner).await {
+                Ok(Ok(Some(claim))) => {
+                    self.claim = Some(claim.clone());
+                    return Ok(claim);
+                }
+                Ok(Err(refused)) => return Err(refused),
+                // Another claim inserted the first record meanwhile: read it now.
+                Ok(Ok(None)) => {}
+                // A lock held by an epoch of the old owner: claim again.
+                Err(e) if attempt < 10 && matches!(e_code(&e), Some(1205 | 1213)) => {
+                    self.conn = None;
+                }
+                Err(e) => {
+                    self.conn = None;
+                    return Err(sink_error(&what, e));
+                }
+            }
+        }
+        Err(SinkError::retryable(format!(
+            "{what}: other claims kept getting in the way"
+        )))
+    }
+
+    /// The claim this sink holds, if it claimed one.
+    pub fn claimed(&self) -> Option<&Claim> {
+        self.claim.as_ref()
     }
 
     /// The configuration.
@@ -298,6 +364,11 @@ impl MySqlCdcSink {
                 .create(&mut c)
                 .await
                 .map_err(|e| sink_error("create the marker table", e))?;
+            let owners = OwnerTable::beside(self.marker.name());
+            owners
+                .create(&mut c)
+                .await
+                .map_err(|e| sink_error("create the owners table", e))?;
             c.query_drop(format!(
                 "CREATE TABLE IF NOT EXISTS {TABLES} (\
                  tbl VARCHAR(64) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY, \
@@ -483,10 +554,23 @@ impl MySqlCdcSink {
         let key = epoch.key().clone();
         let marker = self.marker.clone();
         let lock_timeout = self.config.conn.lock_timeout;
+        let claim = self.claim.clone();
         let c = self.conn().await?;
         c.query_drop("START TRANSACTION")
             .await
             .map_err(|e| sink_error("START TRANSACTION", e))?;
+        if let Some(claim) = &claim {
+            let owners = OwnerTable::beside(marker.name());
+            let found = owners.check(c, claim).await.map_err(|e| {
+                sink_error(&format!("read the owner in {}", owners.name().plain()), e)
+            })?;
+            if let Err(fenced) = claim.check(found.as_ref().map(|(o, g)| (o.as_str(), *g))) {
+                c.query_drop("ROLLBACK")
+                    .await
+                    .map_err(|e| sink_error("ROLLBACK", e))?;
+                return Err(fenced);
+            }
+        }
         match marker.write(c, &key, epoch.metadata(), epoch.len()).await {
             Ok(true) => {}
             Ok(false) => {

@@ -160,4 +160,38 @@ impl OwnerTable {
         let n = tx.affected_rows();
         Ok(Ok((n == 1).then_some(claim)))
     }
+
+    /// One claim in a transaction of its own on `c`: `START TRANSACTION`, [`claim_in`] with
+    /// [`walsink::decide_claim`] for `owner`, then `COMMIT` (granted) or `ROLLBACK`. The
+    /// answers are [`OwnerTable::claim_in`]'s; a lock wait timeout or deadlock (1205, 1213:
+    /// an epoch of the old owner holds the row) is the server's error, and the caller claims
+    /// again.
+    ///
+    /// [`claim_in`]: OwnerTable::claim_in
+    ///
+    /// # Errors
+    /// The server's error.
+    ///
+    /// # Cancel safety
+    /// If dropped, the claim may or may not be committed, and a transaction may be left open
+    /// on `c`: drop the connection and claim again.
+    pub async fn claim_once(
+        &self,
+        c: &mut Conn,
+        sink_id: &str,
+        subtask: u32,
+        owner: &walsink::Owner,
+    ) -> Result<Result<Option<Claim>, walsink::SinkError>, Error> {
+        c.query_drop("START TRANSACTION").await?;
+        let r = self
+            .claim_in(c, sink_id, subtask, |found| {
+                walsink::decide_claim(sink_id, subtask, found, owner)
+            })
+            .await?;
+        match &r {
+            Ok(Some(_)) => c.query_drop("COMMIT").await?,
+            _ => c.query_drop("ROLLBACK").await?,
+        }
+        Ok(r)
+    }
 }

@@ -13,7 +13,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use walsink::{decide_claim, Claim, Epoch, EpochKey, Owner, SinkError};
+use walsink::{Claim, Epoch, EpochKey, Owner, SinkError};
 use walsink_tokio::{AsyncChunks, AsyncSink};
 
 /// Bytes kept free under `max_allowed_packet` for the command byte and rounding.
@@ -285,20 +285,9 @@ impl MySqlSink {
                 }
             }
             let s = self.session().await?;
-            let r = async {
-                s.conn.query_drop("START TRANSACTION").await?;
-                let r = owners
-                    .claim_in(&mut s.conn, sink_id, subtask, |found| {
-                        decide_claim(sink_id, subtask, found, owner)
-                    })
-                    .await?;
-                match &r {
-                    Ok(Some(_)) => s.conn.query_drop("COMMIT").await?,
-                    _ => s.conn.query_drop("ROLLBACK").await?,
-                }
-                Ok::<_, mysql_async::Error>(r)
-            }
-            .await;
+            let r = owners
+                .claim_once(&mut s.conn, sink_id, subtask, owner)
+                .await;
             match r {
                 Ok(Ok(Some(claim))) => {
                     tracing::info!(sink_id, subtask, owner = %claim.owner, generation = claim.generation, "claimed the shard");

@@ -183,4 +183,38 @@ impl OwnerTable {
         };
         Ok(Ok((n == 1).then_some(claim)))
     }
+
+    /// One claim in a transaction of its own on `c`: `BEGIN`, [`claim_in`] with
+    /// [`walsink::decide_claim`] for `owner`, then `COMMIT` (granted) or `ROLLBACK`. The
+    /// answers are [`OwnerTable::claim_in`]'s; a lock held by an epoch of the old owner
+    /// (55P03, 40001, 40P01) or a first record inserted at the same moment (23505) is the
+    /// server's error, and the caller claims again.
+    ///
+    /// [`claim_in`]: OwnerTable::claim_in
+    ///
+    /// # Errors
+    /// The server's error.
+    ///
+    /// # Cancel safety
+    /// If dropped, the claim may or may not be committed, and a transaction may be left open
+    /// on `c`: drop the connection and claim again.
+    pub async fn claim_once(
+        &self,
+        c: &tokio_postgres::Client,
+        sink_id: &str,
+        subtask: u32,
+        owner: &walsink::Owner,
+    ) -> Result<Result<Option<Claim>, walsink::SinkError>, Error> {
+        c.batch_execute("BEGIN").await?;
+        let r = self
+            .claim_in(c, sink_id, subtask, |found| {
+                walsink::decide_claim(sink_id, subtask, found, owner)
+            })
+            .await?;
+        match &r {
+            Ok(Some(_)) => c.batch_execute("COMMIT").await?,
+            _ => c.batch_execute("ROLLBACK").await?,
+        }
+        Ok(r)
+    }
 }

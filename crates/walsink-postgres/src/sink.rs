@@ -12,7 +12,7 @@ use futures_util::SinkExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_postgres::types::Type;
-use walsink::{decide_claim, Claim, Epoch, EpochKey, Owner, SinkError};
+use walsink::{Claim, Epoch, EpochKey, Owner, SinkError};
 use walsink_tokio::{AsyncChunks, AsyncSink};
 
 /// What this sink's prepared transactions look like on the server (two-phase-commit mode),
@@ -439,21 +439,7 @@ impl PgSink {
                 }
             }
             let c = self.client().await?;
-            let client = &c.client;
-            let r = async {
-                client.batch_execute("BEGIN").await?;
-                let r = owners
-                    .claim_in(client, sink_id, subtask, |found| {
-                        decide_claim(sink_id, subtask, found, owner)
-                    })
-                    .await?;
-                match &r {
-                    Ok(Some(_)) => client.batch_execute("COMMIT").await?,
-                    _ => client.batch_execute("ROLLBACK").await?,
-                }
-                Ok::<_, tokio_postgres::Error>(r)
-            }
-            .await;
+            let r = owners.claim_once(&c.client, sink_id, subtask, owner).await;
             match r {
                 Ok(Ok(Some(claim))) => {
                     tracing::info!(sink_id, subtask, owner = %claim.owner, generation = claim.generation, "claimed the shard");

@@ -1616,3 +1616,47 @@ async fn a_delivery_cut_during_its_commit_is_found_committed_by_the_next() {
     );
     t.drop_schema().await;
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn a_claimed_shard_taken_over_by_another_log_fences_the_old_one() {
+    let mut t = Target::new("owners", "").await;
+    let id = t.schema.clone();
+    let old = walsink::Owner::new("a".repeat(32));
+    assert_eq!(t.sink.claim(&id, 0, &old).await.unwrap().generation, 1);
+    t.epoch(&[ev("c", 1, None, Some((1, "a")))]).await.unwrap();
+    let cfg = Config::from_url(&format!("{SHARED}?schema={}", t.schema)).unwrap();
+    let mut other = CdcSink::connect(cfg).await.unwrap();
+    let new = walsink::Owner::new("b".repeat(32));
+    let e = other.claim(&id, 0, &new).await.unwrap_err();
+    assert_eq!(e.class(), walsink::SinkErrorClass::Fenced, "{e}");
+    assert_eq!(
+        other
+            .claim(&id, 0, &new.take_over(true))
+            .await
+            .unwrap()
+            .generation,
+        2
+    );
+    let e = t
+        .epoch(&[ev("c", 2, None, Some((2, "b")))])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fenced") || e.contains("owner"), "{e}");
+    assert_eq!(t.rows().await, vec![row(1, "a")]);
+    let markers = t
+        .admin
+        .query_one(
+            &format!("SELECT count(*) FROM {}.walsink_markers", t.schema),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(markers, 1);
+    t.drop_schema().await;
+}

@@ -530,3 +530,37 @@ async fn an_epoch_larger_than_a_statement_lands_once() {
     assert_eq!(n[0][1].as_deref(), Some(want.to_string().as_str()));
     t.drop_db().await;
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local MariaDB"
+)]
+async fn a_claimed_shard_taken_over_by_another_log_fences_the_old_one() {
+    let mut t = Target::new("owners", T, "").await;
+    let old = walsink::Owner::new("a".repeat(32));
+    let claim = t.sink.claim("cdc", 0, &old).await.unwrap();
+    assert_eq!(claim.generation, 1);
+    t.epoch(&[ev("c", 1, 1, "a")]).await.unwrap();
+    // A second log under the same sink id is refused, then takes the shard over.
+    let url = format!("mysql://root@127.0.0.1:3306/{}?ssl_mode=disabled", t.db);
+    let mut other = MySqlCdcSink::connect(MySqlCdcConfig::from_url(&url).unwrap())
+        .await
+        .unwrap();
+    let new = walsink::Owner::new("b".repeat(32));
+    let e = other.claim("cdc", 0, &new).await.unwrap_err();
+    assert_eq!(e.class(), walsink::SinkErrorClass::Fenced, "{e}");
+    let taken = other.claim("cdc", 0, &new.take_over(true)).await.unwrap();
+    assert_eq!(taken.generation, 2);
+    // The old log's next epoch writes nothing and says why.
+    let e = t
+        .epoch(&[ev("c", 2, 2, "b")])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fenced") || e.contains("owner"), "{e}");
+    assert_eq!(t.t().await, pairs(&[(1, "a")]));
+    let markers = t.rows("SELECT checkpoint FROM walsink_markers").await;
+    assert_eq!(markers, vec![vec![Some("1".into())]]);
+    t.drop_db().await;
+}

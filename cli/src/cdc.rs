@@ -297,7 +297,7 @@ fn run_input(
                 sink: args.sink.clone(),
                 checkpoint_every: args.checkpoint_every,
                 checkpoint_interval: args.follow.then_some(Duration::from_secs(2)),
-                sink_id: args.sink_id.clone(),
+                sink_id: Some(args.sink_id.clone()),
                 follow: args.follow,
                 ship_final_line: false,
                 max_record_bytes: 16 << 20,

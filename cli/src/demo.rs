@@ -223,7 +223,7 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
         sink: format!("dir:{}", out.display()),
         checkpoint_every: args.checkpoint_every,
         checkpoint_interval: None,
-        sink_id: "demo".into(),
+        sink_id: Some("demo".into()),
         follow: false,
         ship_final_line: false,
         max_record_bytes: 16 << 20,

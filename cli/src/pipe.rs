@@ -351,12 +351,68 @@ pub fn run(args: PipeArgs) -> CliResult<ExitCode> {
     run_with(args, Hooks::default())
 }
 
+/// The sink id of a run, and whether it was derived from the target: `--sink-id` when given; else the log's own when `wal` holds a log
+/// (so a log made before the default was derived keeps its id); else, for a new log, one
+/// named after what the target writes to ([`Target::object`]): `pipe-OBJECT`, its characters
+/// outside `A-Z a-z 0-9 . _ -` made `_`, and a long one cut to fit 64 characters with a hash
+/// of the whole; `pipe` for a directory, standard output or a target without an object.
+fn resolve_sink_id(
+    given: Option<&str>,
+    wal: &Path,
+    target: Option<&dyn crate::targets::Target>,
+) -> CliResult<(String, bool)> {
+    if let Some(id) = given {
+        return Ok((id.to_string(), false));
+    }
+    if is_log(wal) {
+        let file = wal.join(walsink::format::IDENTITY_FILE);
+        let bytes =
+            std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let id = walsink::format::decode_identity(&bytes).map_err(|e| {
+            format!(
+                "the identity file {} is damaged ({e:?}), so the log's sink id is unknown: give --sink-id",
+                file.display()
+            )
+        })?;
+        return Ok((id.sink_id, false));
+    }
+    Ok(match target.and_then(|t| t.object()) {
+        Some(object) => (derived_sink_id(&object), true),
+        None => (LEGACY_SINK_ID.to_string(), false),
+    })
+}
+
+/// The default sink id of every pipe before it was derived from the target.
+const LEGACY_SINK_ID: &str = "pipe";
+
+/// `pipe-OBJECT` as a valid sink id (see [`resolve_sink_id`]).
+fn derived_sink_id(object: &str) -> String {
+    let clean: String = object
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let id = format!("{LEGACY_SINK_ID}-{clean}");
+    if id.len() <= 64 {
+        return id;
+    }
+    let hash = xxhash_rust::xxh3::xxh3_64(object.as_bytes());
+    format!("{}-{hash:016x}", &id[..64 - 17])
+}
+
 /// [`run`] with a command's own target and line check.
 pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
     if args.checkpoint_every == 0 {
         return Err("--checkpoint-every must be at least 1".into());
     }
-    walsink::validate_sink_id(&args.sink_id).map_err(|e| format!("--sink-id: {e}"))?;
+    if let Some(id) = &args.sink_id {
+        walsink::validate_sink_id(id).map_err(|e| format!("--sink-id: {e}"))?;
+    }
     let input = InputSpec::parse(&args.input, args.follow)?;
     if args.follow && input == InputSpec::Stdin {
         return Err("--follow needs an input file; standard input is read to its end".into());
@@ -364,6 +420,15 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
     let sink_spec = match hooks.target {
         Some(t) => SinkSpec::Target(t),
         None => parse_sink(&args.sink)?,
+    };
+    let target = match &sink_spec {
+        SinkSpec::Target(t) => Some(t.as_ref()),
+        _ => None,
+    };
+    let (sink_id, derived) = resolve_sink_id(args.sink_id.as_deref(), &args.wal, target)?;
+    let args = PipeArgs {
+        sink_id: Some(sink_id.clone()),
+        ..args
     };
     if args.json && matches!(sink_spec, SinkSpec::Stdout) {
         return Err("--json with --sink stdout would mix the summary into the records".into());
@@ -387,30 +452,43 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         SinkSpec::Target(t) => t.shown(),
     };
     let target_epochs = |out: &Path| {
-        DirSink::committed(out, &args.sink_id, 0)
+        DirSink::committed(out, &sink_id, 0)
             .map_err(|e| format!("cannot read the sink directory {}: {e}", out.display()))
     };
     let target_of = |spec: &SinkSpec| -> CliResult<Option<Vec<walsink::sinks::CommittedEpoch>>> {
         match spec {
             SinkSpec::Dir(out) => Ok(Some(target_epochs(out)?)),
             SinkSpec::Stdout => Ok(None),
-            SinkSpec::Target(t) => t.committed(&args.sink_id, 0),
+            SinkSpec::Target(t) => t.committed(&sink_id, 0),
         }
     };
     // Refuse a target that belongs to another log before a new log is created.
     if !is_log(&args.wal) {
+        // A new log whose sink id is derived, into a target holding commits under the old
+        // default: those may be this very stream's (its log deleted to start over), which
+        // the derived id would not see. The user says which.
+        if let (true, SinkSpec::Target(t)) = (derived, &sink_spec) {
+            if t.committed(LEGACY_SINK_ID, 0)?
+                .is_some_and(|held| !held.is_empty())
+            {
+                return Err(Refused(format!(
+                    "{out_shown} holds commits of sink id {LEGACY_SINK_ID:?}, the default sink id before it was named after the target; this new log would be {sink_id:?}. If they are this stream's, resume them with --sink-id {LEGACY_SINK_ID} (add --take-over when their log is gone); if they belong to another stream, give this one --sink-id {sink_id}"
+                ))
+                .into());
+            }
+        }
         if let Some(epochs) = target_of(&sink_spec)? {
             resume::decide(
                 &RecoveryReport::default(),
                 Some((&out_shown, &epochs)),
                 &wal_shown,
-                &args.sink_id,
+                &sink_id,
                 args.take_over,
             )
             .map_err(Refused)?;
         }
     }
-    let mut opts = Options::new(&args.sink_id)
+    let mut opts = Options::new(&sink_id)
         .max_record_size(args.max_record_bytes)
         .segment_size((64u64 << 20).max(args.max_record_bytes as u64 + (1 << 20)));
     if let Some(b) = args.max_backlog_bytes {
@@ -439,7 +517,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
     let (sink, claim): (Box<dyn Sink>, Option<walsink::Claim>) = match &sink_spec {
         SinkSpec::Dir(out) => {
             let d = DirSink::new(out)?.keep_metadata(true);
-            let (sink_id, owner) = (args.sink_id.clone(), owner.clone());
+            let (sink_id, owner) = (sink_id.clone(), owner.clone());
             let (d, claim) =
                 crate::targets::claim_or_defer(d, move |d| d.claim(&sink_id, 0, &owner)).map_err(
                     |e| fenced_refusal(format!("cannot deliver to {}: {e}", out.display())),
@@ -457,7 +535,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         ),
         SinkSpec::Target(t) => {
             let (s, claim) = t
-                .open_sink(&args.sink_id, 0, &owner)
+                .open_sink(&sink_id, 0, &owner)
                 .map_err(|e| fenced_refusal(e.to_string()))?;
             (Box::new(Watched::new(s, watch.clone())), claim)
         }
@@ -473,7 +551,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         &report,
         target.as_deref().map(|t| (out_shown.as_str(), t)),
         &wal_shown,
-        &args.sink_id,
+        &sink_id,
         owned,
     )
     .map_err(Refused)?;
@@ -516,7 +594,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
     let _metrics = match metrics {
         Some(bound) => {
             let labels = crate::metrics::Labels {
-                sink: args.sink_id.clone(),
+                sink: sink_id.clone(),
                 shard: wal.subtask(),
             };
             let e = bound.serve(wal.clone(), labels, &args.wal, args.max_backlog_bytes)?;

@@ -25,9 +25,13 @@ pub struct PipeArgs {
     /// Also checkpoint when this much time passed since the last one (500ms, 2s, 1m, 1h).
     #[arg(long, value_parser = parse_duration)]
     pub checkpoint_interval: Option<Duration>,
-    /// Stable sink id stored in the log and in the target's file names.
-    #[arg(long, default_value = "pipe")]
-    pub sink_id: String,
+    /// Stable sink id stored in the log and kept with each commit in the target. Default:
+    /// the log's own when --wal holds a log; for a new log, one named after what the target
+    /// writes to (`pipe-TABLE` for a PostgreSQL or MySQL table, `pipe-KEY` for a Redis key,
+    /// `pipe-STREAM.SUBJECT` for NATS), so two pipes into two tables of one database do not
+    /// share one; `pipe` for a directory, standard output or HTTP.
+    #[arg(long)]
+    pub sink_id: Option<String>,
     /// Take the shard (sink id, subtask 0) over from another log that owns it in the target
     /// (a directory, PostgreSQL, MySQL or Redis target records the owning log and a generation): the
     /// other log is refused at its next commit, writing nothing, and this run resumes the

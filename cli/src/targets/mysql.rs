@@ -32,6 +32,10 @@ impl Target for MySql {
         self.config.to_string()
     }
 
+    fn object(&self) -> Option<String> {
+        Some(self.config.table.plain())
+    }
+
     fn open_sink(
         &self,
         sink_id: &str,

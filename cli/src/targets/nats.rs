@@ -24,6 +24,10 @@ impl Target for NatsTarget {
         self.config.redacted()
     }
 
+    fn object(&self) -> Option<String> {
+        Some(format!("{}.{}", self.config.stream, self.config.subject))
+    }
+
     fn open_sink(
         &self,
         _sink_id: &str,

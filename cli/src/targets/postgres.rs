@@ -36,6 +36,10 @@ impl Target for Postgres {
         self.config.to_string()
     }
 
+    fn object(&self) -> Option<String> {
+        Some(self.config.table.plain())
+    }
+
     fn open_sink(
         &self,
         sink_id: &str,

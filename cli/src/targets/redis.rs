@@ -30,6 +30,10 @@ impl Target for RedisTarget {
         self.config.redacted()
     }
 
+    fn object(&self) -> Option<String> {
+        Some(self.config.key.clone())
+    }
+
     fn open_sink(
         &self,
         sink_id: &str,

@@ -27,6 +27,12 @@ pub(crate) trait Target {
     /// keeps no marker (its exactly-once rests on idempotency keys).
     fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>>;
 
+    /// What the target writes to (a table, a key, a stream and subject), for the default
+    /// sink id of a new log (`pipe-OBJECT`); `None` when nothing names it (HTTP).
+    fn object(&self) -> Option<String> {
+        None
+    }
+
     /// Whether the target keeps only its newest commit marker, so that
     /// [`Target::committed`] returns at most one epoch however many it holds.
     fn keeps_newest_marker_only(&self) -> bool {

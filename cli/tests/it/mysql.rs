@@ -370,3 +370,53 @@ fn a_refused_password_is_never_printed() {
     );
     assert!(!all.contains("hunter2"), "{all}");
 }
+
+/// Two pipes of two inputs into two tables of one database, neither with `--sink-id`: each
+/// new log's sink id is named after its table, so both run and each table holds its own lines
+/// once; an existing log keeps its sink id; a new log into a database holding commits under
+/// the old default `pipe` is refused, naming both choices.
+#[test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local MariaDB"
+)]
+fn two_pipes_into_two_tables_of_one_database_get_sink_ids_of_their_own() {
+    let d = tempfile::tempdir().unwrap();
+    let db = unique("sinkids");
+    sql(&format!("CREATE DATABASE {db}"));
+    let sink = |t: &str| format!("mysql://root@127.0.0.1:3306/{db}?table={t}");
+    let (in1, in2) = (d.path().join("one.txt"), d.path().join("two.txt"));
+    write_lines(&in1, &lines("one", 0, 300));
+    write_lines(&in2, &lines("two", 0, 200));
+    for (input, wal, t) in [(&in1, "w1", "t1"), (&in2, "w2", "t2")] {
+        let o = run(&args(input, &d.path().join(wal), &sink(t), &[]), None);
+        assert!(o.status.success(), "{t}: {}", stderr(&o));
+    }
+    let lines_of = |t: &str, id: &str| table_lines(&format!("{db}.{t}"), id);
+    assert_eq!(lines_of("t1", "pipe-t1"), lines("one", 0, 300));
+    assert_eq!(lines_of("t2", "pipe-t2"), lines("two", 0, 200));
+    // The logs keep their ids: more input resumes each from where it was.
+    write_lines(&in1, &lines("one", 0, 350));
+    let o = run(&args(&in1, &d.path().join("w1"), &sink("t1"), &[]), None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(lines_of("t1", "pipe-t1"), lines("one", 0, 350));
+    // Commits under the old default in the database: a new log with a derived id is refused.
+    let in3 = d.path().join("three.txt");
+    write_lines(&in3, &lines("three", 0, 10));
+    let o = run(
+        &args(
+            &in3,
+            &d.path().join("w3"),
+            &sink("t3"),
+            &["--sink-id", "pipe"],
+        ),
+        None,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&args(&in3, &d.path().join("w4"), &sink("t4"), &[]), None);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert!(e.contains("--sink-id pipe") && e.contains("pipe-t4"), "{e}");
+    assert_eq!(sql(&format!("SHOW TABLES FROM {db} LIKE 't4'")).trim(), "");
+    sql(&format!("DROP DATABASE {db}"));
+}

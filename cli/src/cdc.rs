@@ -41,7 +41,9 @@ pub struct CdcArgs {
     #[arg(long)]
     pub wal: PathBuf,
     /// The target: `postgres://USER@HOST:PORT/DB?schema=NAME[&add_missing_columns=true]
-    /// [&position=source.lsn]`. Events for `source.table` T go to `NAME.T`.
+    /// [&position=source.lsn]` (events for `source.table` T go to `NAME.T`), or, with
+    /// --input, `mysql://USER@HOST:PORT/DB[?add_missing_columns=true]` or `mariadb://…`
+    /// (events for T go to `DB.T`).
     #[arg(long)]
     pub sink: String,
     /// Stable sink id, kept with each commit marker.

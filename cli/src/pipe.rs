@@ -200,7 +200,7 @@ impl Run<'_> {
                 Next::Line => {}
                 Next::TooLong { line, offset } => {
                     return Err(format!(
-                        "line {line} of {input} (at byte offset {offset}) is longer than the record limit of {max} bytes; raise it with --max-record-bytes (up to 1GiB)"
+                        "line {line} of {input} (at byte offset {offset}) is longer than the record limit of {max} bytes; raise it with `walsink pipe --max-record-bytes` (up to 1GiB; `walsink cdc` takes events of at most 16 MiB)"
                     )
                     .into())
                 }

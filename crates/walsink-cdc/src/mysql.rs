@@ -145,6 +145,9 @@ struct Meta {
     generated: Vec<String>,
     /// The tombstone table, quoted.
     tomb: String,
+    /// The columns of a date or time type (`DATE`, `DATETIME`, `TIMESTAMP`, `TIME`): a JSON
+    /// number for one is refused, since MySQL reads its digits as a date.
+    temporal: Vec<String>,
 }
 
 impl Meta {
@@ -196,6 +199,8 @@ pub struct MySqlCdcSink {
     conn: Option<Conn>,
     /// Bytes of one statement, at most (`max_allowed_packet` less a margin, up to 4 MiB).
     statement_limit: usize,
+    /// The server's `max_allowed_packet` less a margin: the largest statement it takes.
+    packet_limit: usize,
     tables: HashMap<String, Meta>,
     stats: MySqlCdcStats,
     /// The shard this sink claimed ([`MySqlCdcSink::claim`]): every epoch checks it first.
@@ -284,6 +289,7 @@ impl MySqlCdcSink {
             config,
             conn: None,
             statement_limit: 1 << 20,
+            packet_limit: 1 << 20,
             tables: HashMap::new(),
             stats: MySqlCdcStats::default(),
             claim: None,
@@ -347,6 +353,18 @@ impl MySqlCdcSink {
         self.claim.as_ref()
     }
 
+    /// Whether `table` is one of walsink's own tables in the target database (the marker and
+    /// owners tables, [`TABLES`], a tombstone table): events for them are refused.
+    fn bookkeeping(&self, table: &str) -> bool {
+        let t = table.to_ascii_lowercase();
+        let marker = self.marker.name();
+        let owners = OwnerTable::beside(marker);
+        t == marker.name().to_ascii_lowercase()
+            || t == owners.name().name().to_ascii_lowercase()
+            || t == TABLES
+            || t.starts_with("walsink_tomb_")
+    }
+
     /// The configuration.
     pub fn config(&self) -> &MySqlCdcConfig {
         &self.config
@@ -380,9 +398,8 @@ impl MySqlCdcSink {
                 .query_first("SELECT @@max_allowed_packet")
                 .await
                 .map_err(|e| sink_error("read max_allowed_packet", e))?;
-            self.statement_limit = (packet.unwrap_or(4 << 20) as usize)
-                .saturating_sub(4096)
-                .clamp(16 << 10, 4 << 20);
+            self.packet_limit = (packet.unwrap_or(4 << 20) as usize).saturating_sub(4096);
+            self.statement_limit = self.packet_limit.clamp(16 << 10, 4 << 20);
             self.conn = Some(c);
         }
         Ok(self.conn.as_mut().expect("connected above"))
@@ -477,6 +494,7 @@ impl MySqlCdcSink {
         }
         let mut columns = Vec::new();
         let mut generated = Vec::new();
+        let mut temporal = Vec::new();
         let mut guard = false;
         let mut key_types = vec![String::new(); key.len()];
         for (col, extra, ty, charset, collation) in cols {
@@ -487,6 +505,13 @@ impl MySqlCdcSink {
             if extra.to_ascii_uppercase().contains("GENERATED") {
                 generated.push(col);
                 continue;
+            }
+            let lower = ty.to_ascii_lowercase();
+            if ["date", "datetime", "timestamp", "time"]
+                .iter()
+                .any(|t| lower == *t || lower.starts_with(&format!("{t}(")))
+            {
+                temporal.push(col.clone());
             }
             if let Some(i) = key.iter().position(|k| *k == col) {
                 let mut def = ty;
@@ -546,6 +571,7 @@ impl MySqlCdcSink {
             },
             generated,
             tomb: ident(&tomb),
+            temporal,
         }))
     }
 
@@ -767,6 +793,12 @@ impl Run<'_> {
         at: RecordPosition,
     ) -> Result<Option<Vec<String>>, SinkError> {
         let here = where_(ev.op, ev.position, at);
+        if self.sink.bookkeeping(&ev.table) {
+            return Err(SinkError::permanent(format!(
+                "the event is for {}, a table walsink keeps its own bookkeeping in (markers, owners, watermarks, tombstones): replaying it would forge or drop commits; leave walsink's tables out of the capture; {here}",
+                ident(&ev.table)
+            )));
+        }
         let meta = match self.meta(&ev.table, &here).await? {
             Ok(m) => m,
             Err(prepare) => return Ok(Some(prepare)),
@@ -781,7 +813,20 @@ impl Run<'_> {
             for (name, v) in std::mem::take(image) {
                 match meta.column(&name) {
                     Ok(c) => {
-                        fixed.insert(c.to_string(), v);
+                        if v.is_number() && meta.temporal.iter().any(|t| t == c) {
+                            return Err(SinkError::permanent(format!(
+                                "column {} of table {} is a date or time, and the event holds the number {v} for it (a Debezium epoch encoding such as io.debezium.time.Timestamp); MySQL would read the digits as a date and store another value. Send it as text ('2024-01-31 10:00:00.123'), or make the column a number; {here}",
+                                ident(c),
+                                ident(&ev.table)
+                            )));
+                        }
+                        if fixed.insert(c.to_string(), v).is_some() {
+                            return Err(SinkError::permanent(format!(
+                                "the image names column {} of table {} twice (MySQL's column names do not tell case apart); {here}",
+                                ident(c),
+                                ident(&ev.table)
+                            )));
+                        }
                     }
                     Err(true) => {}
                     Err(false) if name.eq_ignore_ascii_case(POS) => {
@@ -827,9 +872,25 @@ impl Run<'_> {
             self.sink.tables.remove(&ev.table);
             return Ok(Some(ddl));
         }
+        // An image without some of the table's columns lands on top of what the events
+        // before it left, and the events after it on top of it. The planner holds events apart
+        // by the key as written, so two spellings of one key (`y` and `Y` under a
+        // case-insensitive collation, `7` and `"07"`) could go in statements of their own
+        // column sets in either order: the run is cut before and after such an image.
+        let partial = ev
+            .after
+            .as_ref()
+            .is_some_and(|a| crate::plan::partial(a, &meta.plan));
+        if partial {
+            self.planner.cut(&ev.table);
+        }
+        let table = ev.table.clone();
         self.planner
             .push(ev, &meta.plan, at)
             .map_err(|e| SinkError::permanent(format!("{e}; {here}")))?;
+        if partial {
+            self.planner.cut(&table);
+        }
         Ok(None)
     }
 
@@ -929,6 +990,15 @@ impl Run<'_> {
                 push_literal(&mut sql, r.row.get(c).unwrap_or(&Value::Null));
             }
             sql.push_str(&format!(", {})", r.rank));
+            if in_sql == 0 && sql.len() + tail.len() > self.sink.packet_limit {
+                return Err(SinkError::permanent(format!(
+                    "the row of the event at checkpoint {}, index {} makes a statement of {} bytes into {t}, more than the server's max_allowed_packet allows ({} bytes with walsink's margin): raise max_allowed_packet on the server",
+                    r.at.checkpoint,
+                    r.at.index,
+                    sql.len() + tail.len(),
+                    self.sink.packet_limit
+                )));
+            }
             if in_sql > 0 && sql.len() + tail.len() > self.sink.statement_limit {
                 sql.truncate(start);
                 sql.push_str(&tail);
@@ -968,7 +1038,7 @@ impl Run<'_> {
             .collect();
         for part in keys.chunks(DELETE_KEYS) {
             let mut sql = format!(
-                "DELETE {t} FROM {t} JOIN {tomb} ON {on} WHERE {tomb}.{p} >= {t}.{p} AND (",
+                "DELETE {t} FROM {t} JOIN {tomb} ON {on} WHERE {tomb}.{p} > {t}.{p} AND (",
                 tomb = meta.tomb,
                 on = on.join(" AND "),
                 p = ident(POS)

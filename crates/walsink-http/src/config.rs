@@ -416,7 +416,7 @@ mod tests {
             ("https://h/?verify=maybe", "verify"),
             ("https://h/?bearer_env=T&bearer_file=/t", "bearer_file"),
             ("https://h/?password_env=T", "password_file"),
-            ("https://a:b@h/?password_env=T", "password_file"),
+            ("https://a:b@h/?password_env=T", "password_env"),
             (
                 "https://a@h/?password_file=/nonexistent/pw",
                 "password_file",

@@ -132,8 +132,14 @@ pub fn resolve(
     ];
     let given: Vec<&str> = given.into_iter().flatten().collect();
     if given.len() > 1 {
+        // Named by the parameter that makes the second way.
+        let named = if file.is_some() {
+            file_param
+        } else {
+            env_param
+        };
         return Err(params.error(
-            file_param,
+            named,
             format!(
                 "give the password one way only, not {}",
                 given.join(" and ")

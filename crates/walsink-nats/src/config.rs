@@ -450,7 +450,7 @@ mod tests {
             ),
             (
                 format!("nats://bob:inline@h/?stream=S&subject=a&password_env={var}"),
-                "password_file",
+                "password_env",
             ),
             (
                 format!("nats://tok@h/?stream=S&subject=a&token_env={var}"),

@@ -564,3 +564,205 @@ async fn a_claimed_shard_taken_over_by_another_log_fences_the_old_one() {
     assert_eq!(markers, vec![vec![Some("1".into())]]);
     t.drop_db().await;
 }
+
+fn kv(op: &str, lsn: u64, table: &str, before: Value, after: Value) -> Value {
+    json!({"before": before, "after": after, "op": op, "source": {"table": table, "lsn": lsn}})
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local MariaDB"
+)]
+async fn an_update_whose_images_spell_one_key_two_ways_updates_it() {
+    let mut t = Target::new(
+        "spell",
+        "CREATE TABLE s (k VARCHAR(10) COLLATE utf8mb4_general_ci PRIMARY KEY, v TEXT); \
+         CREATE TABLE n (k BIGINT PRIMARY KEY, v TEXT)",
+        "",
+    )
+    .await;
+    for per_epoch in [false, true] {
+        let events = [
+            kv("c", 10, "s", Value::Null, json!({"k": "x", "v": "first"})),
+            kv(
+                "u",
+                20,
+                "s",
+                json!({"k": "x"}),
+                json!({"k": "X", "v": "second"}),
+            ),
+            kv("c", 10, "n", Value::Null, json!({"k": 7, "v": "first"})),
+            kv(
+                "u",
+                20,
+                "n",
+                json!({"k": 7}),
+                json!({"k": "07", "v": "second"}),
+            ),
+        ];
+        if per_epoch {
+            for e in &events {
+                t.epoch(std::slice::from_ref(e)).await.unwrap();
+            }
+        } else {
+            t.epoch(&events).await.unwrap();
+        }
+        let s = t.rows("SELECT k, v FROM s").await;
+        assert_eq!(
+            s,
+            vec![vec![Some("X".into()), Some("second".into())]],
+            "{per_epoch}"
+        );
+        let n = t.rows("SELECT k, v FROM n").await;
+        assert_eq!(
+            n,
+            vec![vec![Some("7".into()), Some("second".into())]],
+            "{per_epoch}"
+        );
+        t.rows("DELETE FROM s").await;
+        t.rows("DELETE FROM n").await;
+        t.rows("DELETE FROM walsink_tomb_s").await;
+        t.rows("DELETE FROM walsink_tomb_n").await;
+        t.rows("DELETE FROM walsink_cdc_tables").await;
+    }
+    t.drop_db().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local MariaDB"
+)]
+async fn two_spellings_of_one_key_with_other_columns_apply_in_log_order() {
+    let mut t = Target::new(
+        "spell2",
+        "CREATE TABLE t (k VARCHAR(10) COLLATE utf8mb4_general_ci PRIMARY KEY, v TEXT, a TEXT)",
+        "",
+    )
+    .await;
+    // A partial image of the key in another spelling lands on top of the full one.
+    t.epoch(&[
+        kv(
+            "c",
+            20,
+            "t",
+            Value::Null,
+            json!({"k": "y", "v": "full", "a": "x"}),
+        ),
+        kv("u", 30, "t", json!({"k": "Y"}), json!({"k": "Y"})),
+    ])
+    .await
+    .unwrap();
+    let got = t.rows("SELECT k, v, a, _walsink_pos FROM t").await;
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(got, vec![vec![s("Y"), s("full"), s("x"), s("30")]]);
+    // A replayed older full image after a newer partial one changes nothing.
+    t.epoch(&[
+        kv(
+            "u",
+            40,
+            "t",
+            json!({"k": "Z"}),
+            json!({"k": "Z", "v": "new"}),
+        ),
+        kv(
+            "c",
+            35,
+            "t",
+            Value::Null,
+            json!({"k": "z", "v": "old", "a": "LEAK"}),
+        ),
+    ])
+    .await
+    .unwrap();
+    let got = t.rows("SELECT k, v, a FROM t WHERE k = 'z'").await;
+    assert_eq!(got, vec![vec![s("Z"), s("new"), None]]);
+    t.drop_db().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local MariaDB"
+)]
+async fn events_for_walsinks_own_tables_and_dates_as_numbers_are_refused() {
+    let mut t = Target::new(
+        "reserved",
+        "CREATE TABLE d (id INT PRIMARY KEY, at DATETIME(6))",
+        "",
+    )
+    .await;
+    for table in [
+        "walsink_markers",
+        "walsink_owners",
+        "walsink_cdc_tables",
+        "walsink_tomb_d",
+    ] {
+        let e = t
+            .epoch(&[kv(
+                "c",
+                1,
+                table,
+                Value::Null,
+                json!({"sink_id": "cdc", "checkpoint": 3}),
+            )])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bookkeeping"), "{table}: {e}");
+        // The refused epoch stays: a new sink on a fresh log for the next case.
+        let next = Target::new(
+            &format!("reserved{}", table.len()),
+            "CREATE TABLE d (id INT PRIMARY KEY, at DATETIME(6))",
+            "",
+        )
+        .await;
+        std::mem::replace(&mut t, next).drop_db().await;
+    }
+    let e = t
+        .epoch(&[kv(
+            "c",
+            1,
+            "d",
+            Value::Null,
+            json!({"id": 1, "at": 1700000000123u64}),
+        )])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`at`") && e.contains("date"), "{e}");
+    assert!(t.rows("SELECT * FROM d").await.is_empty());
+    t.drop_db().await;
+}
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local MariaDB"
+)]
+async fn a_row_larger_than_max_allowed_packet_is_permanent_and_named() {
+    let mut t = Target::new(
+        "packet",
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v LONGTEXT)",
+        "",
+    )
+    .await;
+    let packet: Option<u64> = t
+        .admin
+        .query_first("SELECT @@max_allowed_packet")
+        .await
+        .unwrap();
+    // Quotes double when escaped: the literal is twice the value.
+    let v = "'".repeat(packet.unwrap() as usize / 2 + 1024);
+    let e = t
+        .epoch(&[kv("c", 1, "t", Value::Null, json!({"id": 1, "v": v}))])
+        .await
+        .unwrap_err();
+    let walsink::ErrorKind::Sink(s) = e.kind() else {
+        panic!("{e}")
+    };
+    assert_eq!(s.class(), walsink::SinkErrorClass::Permanent, "{e}");
+    assert!(e.to_string().contains("max_allowed_packet"), "{e}");
+    t.drop_db().await;
+}

@@ -760,6 +760,21 @@ async fn table_meta(
 ) -> Result<(), SinkError> {
     let qualified = || format!("{}.{}", ident(schema), ident(&ev.table));
     if !tables.contains_key(&ev.table) {
+        // walsink's own tables beside the replica: an event for one would forge or drop
+        // commits, or bring deleted rows back.
+        let own = [
+            walsink_postgres::marker::DEFAULT_TABLE,
+            walsink_postgres::owner::DEFAULT_TABLE,
+            TOMBS,
+            TABLES,
+        ];
+        if own.contains(&ev.table.as_str()) {
+            return Err(SinkError::permanent(format!(
+                "the event is for {}, a table walsink keeps its own bookkeeping in (markers, owners, watermarks, tombstones): replaying it would forge or drop commits; leave walsink's tables out of the capture ({})",
+                qualified(),
+                where_(ev, at)
+            )));
+        }
         let meta = load_meta(tx, schema, &ev.table, due).await?.ok_or_else(|| {
             SinkError::permanent(format!(
                 "table {} does not exist in the target ({}); create it with the source's columns and primary key",

@@ -1660,3 +1660,27 @@ async fn a_claimed_shard_taken_over_by_another_log_fences_the_old_one() {
     assert_eq!(markers, 1);
     t.drop_schema().await;
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn events_for_walsinks_own_tables_are_refused() {
+    for table in [
+        "walsink_markers",
+        "walsink_owners",
+        "walsink_cdc_tables",
+        "walsink_cdc_tombstones",
+    ] {
+        let mut t = Target::new("own", "").await;
+        let ev = json!({"before": null, "after": {"sink_id": "x", "subtask": 0, "checkpoint": 9},
+                        "op": "c", "source": {"table": table, "lsn": 1}});
+        let e = t.epoch(&[ev]).await.unwrap_err().to_string();
+        assert!(
+            e.contains("bookkeeping") && e.contains(table),
+            "{table}: {e}"
+        );
+        t.drop_schema().await;
+    }
+}

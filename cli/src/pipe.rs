@@ -397,11 +397,17 @@ fn derived_sink_id(object: &str) -> String {
             }
         })
         .collect();
-    let id = format!("{LEGACY_SINK_ID}-{clean}");
+    let hash = xxhash_rust::xxh3::xxh3_64(object.as_bytes());
+    // A replaced character could make two objects one id (`a b` and `a_b`): then the id
+    // ends in a hash of the object as written.
+    let id = if clean == object {
+        format!("{LEGACY_SINK_ID}-{clean}")
+    } else {
+        format!("{LEGACY_SINK_ID}-{clean}-{:08x}", hash as u32)
+    };
     if id.len() <= 64 {
         return id;
     }
-    let hash = xxhash_rust::xxh3::xxh3_64(object.as_bytes());
     format!("{}-{hash:016x}", &id[..64 - 17])
 }
 
@@ -785,5 +791,29 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::derived_sink_id;
+
+    #[test]
+    fn derived_sink_ids_are_valid_and_keep_objects_apart() {
+        assert_eq!(derived_sink_id("events"), "pipe-events");
+        assert_eq!(derived_sink_id("app.events"), "pipe-app.events");
+        let (a, b) = (derived_sink_id("a b"), derived_sink_id("a_b"));
+        assert_ne!(a, b);
+        let long = "x".repeat(100);
+        for id in [
+            a,
+            b,
+            derived_sink_id(&long),
+            derived_sink_id("é/"),
+            derived_sink_id(&format!("{long}y")),
+        ] {
+            walsink::validate_sink_id(&id).unwrap_or_else(|e| panic!("{id}: {e}"));
+        }
+        assert_ne!(derived_sink_id(&long), derived_sink_id(&format!("{long}y")));
     }
 }

@@ -766,3 +766,44 @@ async fn a_row_larger_than_max_allowed_packet_is_permanent_and_named() {
     assert!(e.to_string().contains("max_allowed_packet"), "{e}");
     t.drop_db().await;
 }
+
+#[tokio::test]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local MariaDB"
+)]
+async fn a_partial_update_that_respells_its_key_is_refused_not_nulled() {
+    let mut t = Target::new(
+        "respell",
+        "CREATE TABLE p (k VARCHAR(20) COLLATE utf8mb4_general_ci PRIMARY KEY, v INT, w TEXT)",
+        "",
+    )
+    .await;
+    t.epoch(&[kv(
+        "c",
+        7,
+        "p",
+        Value::Null,
+        json!({"k": "abc", "v": 4, "w": "x"}),
+    )])
+    .await
+    .unwrap();
+    let e = t
+        .epoch(&[kv(
+            "u",
+            16,
+            "p",
+            json!({"k": "abc"}),
+            json!({"k": "ABC", "w": "y"}),
+        )])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`p`") && e.contains("lacks some columns"), "{e}");
+    let s = |v: &str| Some(v.to_string());
+    assert_eq!(
+        t.rows("SELECT k, v, w FROM p").await,
+        vec![vec![s("abc"), s("4"), s("x")]]
+    );
+    t.drop_db().await;
+}

@@ -650,8 +650,9 @@ fn run_source(
     let committed_text = committed.map_or("none yet".to_string(), |c| c.to_string());
     match stop {
         Some(Stop::GaveUp(msg)) => Err(format!(
-            "{msg}. The changes stay in the log {} (committed through checkpoint {committed_text}); fix the target and re-run the same command",
-            args.wal.display()
+            "{msg}. The changes stay in the log {} (committed through checkpoint {committed_text}); {}",
+            args.wal.display(),
+            crate::pipe::next_step(&msg)
         )
         .into()),
         Some(Stop::Signal(sig)) => {

@@ -694,7 +694,8 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
     let undelivered = h.backlog_records + h.open_records;
     let gave_up = match &stop {
         Some(Stop::GaveUp(msg)) => Some(format!(
-            "{msg}. The records stay in the log {wal_shown} (committed through checkpoint {committed_text}); fix the target and re-run the same command"
+            "{msg}. The records stay in the log {wal_shown} (committed through checkpoint {committed_text}); {}",
+            next_step(msg)
         )),
         _ => None,
     };
@@ -791,6 +792,16 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// What to do after a run gave up with `msg`: a fenced log has another owner now (re-running
+/// it is refused); anything else is fixed at the target.
+pub(crate) fn next_step(msg: &str) -> &'static str {
+    if msg.contains("fenced") {
+        "another log owns the shard now, so re-running this command is refused and this log delivers none of them; take the shard back with --take-over only if that other log is gone"
+    } else {
+        "fix the target and re-run the same command"
     }
 }
 

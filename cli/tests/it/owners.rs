@@ -81,6 +81,10 @@ fn two_logs_one_shard(sink: &str, read: &dyn Fn() -> Vec<Vec<u8>>) {
     let err = a_err.lock().unwrap().join("\n");
     assert_eq!(st.code(), Some(2), "gave up: {err}");
     assert!(err.contains("fenced"), "{err}");
+    assert!(
+        err.contains("re-running this command is refused") && !err.contains("fix the target"),
+        "the advice fits a fenced log: {err}"
+    );
     assert_eq!(read(), want, "the fenced log wrote nothing");
     // The new owner goes on from there.
     let o = run(&args(&input, &wb, sink, &id, &[]));

@@ -16,12 +16,13 @@ use crate::targets::Target;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use walsink::sinks::CommittedEpoch;
-use walsink::{Options, Sink, WalSink};
+use walsink::{Options, Sink, SinkError, WalSink};
 use walsink_cdc::capture::{Capture, SourceConfig, SourcePos};
 use walsink_cdc::{CdcSink, Config};
 use walsink_tokio::{AsyncSink, BlockingSink};
@@ -114,21 +115,85 @@ impl<S: AsyncSink> Sink for RtSink<S> {
     }
 }
 
-/// `--sink` as a [`Target`] for `pipe`'s machinery.
-struct CdcTarget {
-    config: Config,
+/// What `walsink cdc` needs of an apply sink beside [`AsyncSink`]: the PostgreSQL one
+/// ([`CdcSink`]) and the MySQL one share the rest of the command.
+trait ApplySink: AsyncSink + Sized + Send + 'static {
+    /// Its `--sink` configuration (`Display` without the password).
+    type Config: Clone + std::fmt::Display + Send + 'static;
+    fn connect(config: Self::Config) -> impl Future<Output = Result<Self, SinkError>>;
+    fn claim(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+        owner: &walsink::Owner,
+    ) -> impl Future<Output = Result<walsink::Claim, SinkError>>;
+    fn committed(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+    ) -> impl Future<Output = Result<Vec<CommittedEpoch>, SinkError>>;
+}
+
+impl ApplySink for CdcSink {
+    type Config = Config;
+    fn connect(config: Config) -> impl Future<Output = Result<Self, SinkError>> {
+        CdcSink::connect(config)
+    }
+    fn claim(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+        owner: &walsink::Owner,
+    ) -> impl Future<Output = Result<walsink::Claim, SinkError>> {
+        CdcSink::claim(self, sink_id, subtask, owner)
+    }
+    fn committed(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+    ) -> impl Future<Output = Result<Vec<CommittedEpoch>, SinkError>> {
+        CdcSink::committed(self, sink_id, subtask)
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl ApplySink for walsink_cdc::MySqlCdcSink {
+    type Config = walsink_cdc::MySqlCdcConfig;
+    fn connect(config: Self::Config) -> impl Future<Output = Result<Self, SinkError>> {
+        walsink_cdc::MySqlCdcSink::connect(config)
+    }
+    fn claim(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+        owner: &walsink::Owner,
+    ) -> impl Future<Output = Result<walsink::Claim, SinkError>> {
+        walsink_cdc::MySqlCdcSink::claim(self, sink_id, subtask, owner)
+    }
+    fn committed(
+        &mut self,
+        sink_id: &str,
+        subtask: u32,
+    ) -> impl Future<Output = Result<Vec<CommittedEpoch>, SinkError>> {
+        walsink_cdc::MySqlCdcSink::committed(self, sink_id, subtask)
+    }
+}
+
+/// `--sink` as a [`Target`] for `pipe`'s machinery, over either apply sink.
+struct CdcTarget<S: ApplySink = CdcSink> {
+    config: S::Config,
     rt: Arc<tokio::runtime::Runtime>,
 }
 
-impl CdcTarget {
-    fn connect(&self) -> CliResult<CdcSink> {
+impl<S: ApplySink> CdcTarget<S> {
+    fn connect(&self) -> CliResult<S> {
         self.rt
-            .block_on(CdcSink::connect(self.config.clone()))
+            .block_on(S::connect(self.config.clone()))
             .map_err(|e| format!("cannot use the target {}: {e}", self.config).into())
     }
 }
 
-impl Target for CdcTarget {
+impl<S: ApplySink> Target for CdcTarget<S> {
     fn shown(&self) -> String {
         self.config.to_string()
     }
@@ -144,57 +209,7 @@ impl Target for CdcTarget {
             _rt: self.rt.clone(),
         };
         let (sink_id, owner) = (sink_id.to_string(), owner.clone());
-        crate::targets::claim_or_defer(sink, move |s: &mut RtSink<CdcSink>| {
-            s.sink
-                .block_on(async |x| x.claim(&sink_id, subtask, &owner).await)
-        })
-        .map_err(|e| format!("cannot deliver to {}: {e}", self.shown()).into())
-    }
-
-    fn committed(&self, sink_id: &str, subtask: u32) -> CliResult<Option<Vec<CommittedEpoch>>> {
-        let mut sink = self.connect()?;
-        let c = self
-            .rt
-            .block_on(sink.committed(sink_id, subtask))
-            .map_err(|e| format!("cannot read the commit markers of {}: {e}", self.config))?;
-        Ok(Some(c))
-    }
-}
-
-/// `--sink mysql://…` (or `mariadb://…`): the events applied to MySQL or MariaDB.
-#[cfg(feature = "mysql")]
-struct MySqlCdcTarget {
-    config: walsink_cdc::MySqlCdcConfig,
-    rt: Arc<tokio::runtime::Runtime>,
-}
-
-#[cfg(feature = "mysql")]
-impl MySqlCdcTarget {
-    fn connect(&self) -> CliResult<walsink_cdc::MySqlCdcSink> {
-        self.rt
-            .block_on(walsink_cdc::MySqlCdcSink::connect(self.config.clone()))
-            .map_err(|e| format!("cannot use the target {}: {e}", self.config).into())
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl Target for MySqlCdcTarget {
-    fn shown(&self) -> String {
-        self.config.to_string()
-    }
-
-    fn open_sink(
-        &self,
-        sink_id: &str,
-        subtask: u32,
-        owner: &walsink::Owner,
-    ) -> CliResult<(Box<dyn Sink>, Option<walsink::Claim>)> {
-        let sink = RtSink {
-            sink: BlockingSink::with_handle(self.connect()?, self.rt.handle().clone()),
-            _rt: self.rt.clone(),
-        };
-        let (sink_id, owner) = (sink_id.to_string(), owner.clone());
-        crate::targets::claim_or_defer(sink, move |s: &mut RtSink<walsink_cdc::MySqlCdcSink>| {
+        crate::targets::claim_or_defer(sink, move |s: &mut RtSink<S>| {
             s.sink
                 .block_on(async |x| x.claim(&sink_id, subtask, &owner).await)
         })
@@ -223,7 +238,7 @@ fn mysql_target(spec: &str) -> CliResult<(Box<dyn Target>, bool)> {
     let config = walsink_cdc::MySqlCdcConfig::from_url(spec).map_err(|e| format!("--sink: {e}"))?;
     let position = config.position == walsink_cdc::PositionField::default();
     Ok((
-        Box::new(MySqlCdcTarget {
+        Box::new(CdcTarget::<walsink_cdc::MySqlCdcSink> {
             config,
             rt: runtime()?,
         }),
@@ -246,7 +261,7 @@ pub(crate) fn target(spec: &str) -> CliResult<Box<dyn Target>> {
         return Ok(mysql_target(spec)?.0);
     }
     let config = Config::from_url(spec).map_err(|e| format!("--sink: {e}"))?;
-    Ok(Box::new(CdcTarget {
+    Ok(Box::new(CdcTarget::<CdcSink> {
         config,
         rt: runtime()?,
     }))
@@ -275,7 +290,12 @@ pub fn run(args: CdcArgs) -> CliResult<ExitCode> {
     match (&args.input, &args.source) {
         (Some(input), None) => {
             let position = config_position(&config);
-            run_input(&args, input, Box::new(CdcTarget { config, rt }), position)
+            run_input(
+                &args,
+                input,
+                Box::new(CdcTarget::<CdcSink> { config, rt }),
+                position,
+            )
         }
         (None, Some(source)) => run_source(&args, source, config, rt),
         _ => Err("give --input FILE or --source URL".into()),

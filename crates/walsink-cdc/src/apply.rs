@@ -730,6 +730,8 @@ impl AsyncSink for CdcSink {
         true
     }
 
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     async fn is_committed(&mut self, key: &EpochKey) -> Result<bool, SinkError> {
         let marker = self.marker.clone();
         let c = self.client().await?;

@@ -1250,6 +1250,8 @@ impl AsyncSink for MySqlCdcSink {
         true
     }
 
+    /// # Cancel safety
+    /// Cancel safe: it only reads (a connection half made is dropped and made again).
     async fn is_committed(&mut self, key: &EpochKey) -> Result<bool, SinkError> {
         let marker = self.marker.clone();
         let c = self.conn().await?;

@@ -107,6 +107,31 @@ pub enum ErrorKind {
     },
     /// The committer or the log was shut down while the caller waited.
     Shutdown,
+    /// Not a failure: the target refused one record of the epoch for good
+    /// ([`SinkErrorClass::Rejected`](crate::SinkErrorClass::Rejected)), and the record is now
+    /// durably in the log's dead-letter log. The driver delivers the epoch again at once,
+    /// without it (`docs/design.md`, "Dead letters").
+    DeadLettered {
+        /// The checkpoint of the record's epoch.
+        checkpoint: u64,
+        /// The record's index in the epoch.
+        index: u64,
+        /// What the target said.
+        reason: String,
+    },
+    /// The dead-letter log holds as many records as it may
+    /// ([`DirDeadLetters::with_limit`](crate::DirDeadLetters::with_limit)): the refused record
+    /// stays in the log, delivery stops at its epoch.
+    DeadLetterLimit {
+        /// The limit.
+        limit: u64,
+        /// The record the target refused, as [`ErrorKind::DeadLettered`] names it.
+        checkpoint: u64,
+        /// Its index.
+        index: u64,
+        /// What the target said.
+        reason: String,
+    },
 }
 
 /// Why a frame, header or file failed verification.
@@ -366,6 +391,23 @@ impl fmt::Display for Error {
                 "backlog of {backlog_bytes} bytes reached the budget of {limit} bytes; wait for the committer"
             ),
             ErrorKind::Shutdown => f.write_str("walsink was shut down"),
+            ErrorKind::DeadLettered {
+                checkpoint,
+                index,
+                reason,
+            } => write!(
+                f,
+                "record {index} of checkpoint {checkpoint} went to the dead-letter log: {reason}"
+            ),
+            ErrorKind::DeadLetterLimit {
+                limit,
+                checkpoint,
+                index,
+                reason,
+            } => write!(
+                f,
+                "the dead-letter log already holds {limit} records, its limit, so record {index} of checkpoint {checkpoint} stays in the log and delivery stops there: {reason}"
+            ),
         }
     }
 }
@@ -408,6 +450,37 @@ pub enum SinkErrorClass {
     /// (`docs/design.md`, "Owners and generations"). Retried like a permanent error by the
     /// committer, which never skips; a program stops the log (the command line exits).
     Fenced,
+    /// The target refused the data itself, for good: a constraint, a value too long, a type
+    /// it cannot take, an HTTP 422. When the error names the record
+    /// ([`SinkError::at_record`]) and the log has a dead-letter log
+    /// ([`WalSink::set_dead_letters`](crate::WalSink::set_dead_letters)), the record goes
+    /// there and the rest of the epoch is delivered again without it (`docs/design.md`,
+    /// "Dead letters"); otherwise it is retried like a permanent error, never skipped.
+    Rejected,
+}
+
+impl SinkErrorClass {
+    /// The class as one word: `retryable`, `permanent`, `fenced`, `rejected`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SinkErrorClass::Retryable => "retryable",
+            SinkErrorClass::Permanent => "permanent",
+            SinkErrorClass::Fenced => "fenced",
+            SinkErrorClass::Rejected => "rejected",
+        }
+    }
+
+    /// The class named by [`SinkErrorClass::name`].
+    pub fn from_name(name: &str) -> Option<SinkErrorClass> {
+        [
+            SinkErrorClass::Retryable,
+            SinkErrorClass::Permanent,
+            SinkErrorClass::Fenced,
+            SinkErrorClass::Rejected,
+        ]
+        .into_iter()
+        .find(|c| c.name() == name)
+    }
 }
 
 /// An error returned by a [`Sink`](crate::Sink).
@@ -416,39 +489,56 @@ pub struct SinkError {
     class: SinkErrorClass,
     message: String,
     code: Option<Box<str>>,
+    record: Option<u64>,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 impl SinkError {
-    /// A retryable error.
-    pub fn retryable(message: impl Into<String>) -> Self {
+    fn new(class: SinkErrorClass, message: String) -> Self {
         SinkError {
-            class: SinkErrorClass::Retryable,
-            message: message.into(),
+            class,
+            message,
             code: None,
+            record: None,
             source: None,
         }
     }
 
+    /// A retryable error.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        SinkError::new(SinkErrorClass::Retryable, message.into())
+    }
+
     /// A permanent error.
     pub fn permanent(message: impl Into<String>) -> Self {
-        SinkError {
-            class: SinkErrorClass::Permanent,
-            message: message.into(),
-            code: None,
-            source: None,
-        }
+        SinkError::new(SinkErrorClass::Permanent, message.into())
     }
 
     /// A fenced error: another log, or a newer generation of this log, owns the shard in the
     /// target ([`SinkErrorClass::Fenced`]).
     pub fn fenced(message: impl Into<String>) -> Self {
-        SinkError {
-            class: SinkErrorClass::Fenced,
-            message: message.into(),
-            code: None,
-            source: None,
-        }
+        SinkError::new(SinkErrorClass::Fenced, message.into())
+    }
+
+    /// A rejected error: the target refused the data itself, for good
+    /// ([`SinkErrorClass::Rejected`]). Name the record with [`SinkError::at_record`] when the
+    /// target says which one it was.
+    pub fn rejected(message: impl Into<String>) -> Self {
+        SinkError::new(SinkErrorClass::Rejected, message.into())
+    }
+
+    /// Names the record the target refused: its index in the epoch
+    /// ([`RecordPosition::index`](crate::RecordPosition::index), the index as written, which
+    /// records left out of a delivery do not change).
+    pub fn at_record(mut self, index: u64) -> Self {
+        self.record = Some(index);
+        self
+    }
+
+    /// The index of the record the target refused, when the error names one
+    /// ([`SinkError::at_record`]).
+    pub fn record(&self) -> Option<u64> {
+        self.record
     }
 
     /// Attaches the underlying error.
@@ -460,7 +550,7 @@ impl SinkError {
         self
     }
 
-    /// Retryable, permanent or fenced.
+    /// Retryable, permanent, fenced or rejected.
     pub fn class(&self) -> SinkErrorClass {
         self.class
     }
@@ -520,12 +610,7 @@ impl From<std::io::Error> for SinkError {
 
 impl fmt::Display for SinkError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let class = match self.class {
-            SinkErrorClass::Retryable => "retryable",
-            SinkErrorClass::Permanent => "permanent",
-            SinkErrorClass::Fenced => "fenced",
-        };
-        write!(f, "{} ({class})", self.message)
+        write!(f, "{} ({})", self.message, self.class.name())
     }
 }
 

@@ -22,6 +22,7 @@ pub use delivery::catalog::{
 };
 pub use delivery::commit_store::{CommitStore, LocalCommitStore, MemoryCommitStore};
 pub use delivery::committer::Committer;
+pub use delivery::dead_letter::{DeadLetter, DeadLetters, Origin};
 #[cfg(feature = "failpoints")]
 pub use delivery::deliverer::fail;
 pub use delivery::deliverer::{
@@ -40,5 +41,5 @@ pub use log::verify::{
     dump, verify, CheckpointSummary, DumpState, Problem, ProblemKind, VerifyReport,
 };
 pub use redact::redact_url;
-pub use sinks::{DirSink, MemorySink};
+pub use sinks::{DirDeadLetters, DirSink, MemorySink};
 pub use wal::{DurablePoint, WalSink};

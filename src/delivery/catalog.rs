@@ -118,6 +118,9 @@ pub struct Health {
     /// ([`RecoveryReport::corruption`](crate::RecoveryReport::corruption)) or by a read of a
     /// sealed epoch whose checksum no longer matches.
     pub corruptions: u64,
+    /// Records put into the dead-letter log by this process since open
+    /// ([`WalSink::set_dead_letters`](crate::WalSink::set_dead_letters)).
+    pub dead_letters: u64,
 }
 
 /// Failures of delivery since open, by class (see [`Health::error_counts`]).
@@ -130,6 +133,10 @@ pub struct ErrorCounts {
     /// Sink errors classed [`SinkErrorClass::Permanent`](crate::SinkErrorClass::Permanent):
     /// authentication, a missing table; retried at the longest backoff.
     pub permanent: u64,
+    /// Sink errors classed [`SinkErrorClass::Rejected`](crate::SinkErrorClass::Rejected) that
+    /// did not go to a dead-letter log (none is set, or the error names no record); retried at
+    /// the longest backoff.
+    pub rejected: u64,
     /// Failures of the log or the commit store: I/O, a corrupt frame met while reading.
     pub log: u64,
 }

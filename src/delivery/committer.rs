@@ -9,7 +9,7 @@
 
 use crate::delivery::deliverer::{Deliverer, Loaded, Plan, ReadAheadEpoch};
 use crate::delivery::log::DeliveryLog;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::{Sink, SinkError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -128,6 +128,11 @@ pub(crate) fn deliver_ready(log: Arc<dyn DeliveryLog>, sink: &mut dyn Sink) -> R
         match step(&mut d, sink, &mut ahead) {
             Ok(Step::Done(_)) => n += 1,
             Ok(Step::Idle) => return Ok(n),
+            Err(e) if matches!(e.kind(), ErrorKind::DeadLettered { .. }) => {
+                // The record is in the dead-letter log; the epoch goes again without it.
+                tracing::warn!(error = %e, "a record went to the dead-letter log");
+                d.note_error(&e, 1);
+            }
             Err(e) => {
                 d.note_error(&e, 1);
                 // What succeeded before the error is marked now (the next call retries only
@@ -164,6 +169,10 @@ fn run<S: Sink>(mut d: Deliverer, mut sink: S, stop: &AtomicBool) {
         match step(&mut d, &mut sink, &mut ahead) {
             Ok(Step::Done(_)) => attempt = 0,
             Ok(Step::Idle) => log.wait_for_epoch(stop, d.delivered(), Duration::from_millis(200)),
+            Err(e) if matches!(e.kind(), ErrorKind::DeadLettered { .. }) => {
+                tracing::warn!(error = %e, "a record went to the dead-letter log");
+                d.note_error(&e, attempt);
+            }
             Err(e) => {
                 attempt = attempt.saturating_add(1);
                 d.note_error(&e, attempt);

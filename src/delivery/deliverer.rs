@@ -9,6 +9,7 @@
 //! next `next_step` offers the same epoch again, so nothing is ever skipped.
 
 use crate::delivery::log::{Delivery, DeliveryLog};
+use crate::delivery::sink::Skip;
 use crate::error::{Error, ErrorKind, Result};
 use crate::{Epoch, EpochKey, SinkError, SinkErrorClass};
 use std::sync::Arc;
@@ -271,8 +272,23 @@ impl Deliverer {
 
     /// Reads `p` for the sink (I/O: an epoch within one read chunk is read and verified
     /// whole now; a larger one is read as the sink iterates it).
+    /// Records the dead-letter log holds for the epoch are left out of it
+    /// ([`Epoch::skipped`]).
     pub fn read(&self, p: &Pending) -> Result<Epoch> {
-        self.shared.read_epoch(&p.info)
+        self.without_dead_letters(p, self.shared.read_epoch(&p.info))
+    }
+
+    /// `epoch` (read for `p`) without the records the dead-letter log holds for it.
+    fn without_dead_letters(&self, p: &Pending, epoch: Result<Epoch>) -> Result<Epoch> {
+        let mut epoch = epoch?;
+        if let Some(dl) = self.shared.state().dead_letters() {
+            let held = dl.held(&p.key)?;
+            if !held.is_empty() {
+                let bytes = held.iter().map(|&(_, len)| len).sum();
+                epoch.skip = Skip::new(held.into_iter().map(|(i, _)| i).collect(), bytes);
+            }
+        }
+        Ok(epoch)
     }
 
     /// The read of the deliverable epoch after `p`, for a driver to run on another thread
@@ -302,7 +318,7 @@ impl Deliverer {
         match ahead {
             Some(a) if same_log(&a.slot.0, &self.shared) && a.info.same_frames(&p.info) => {
                 match a.epoch {
-                    Ok(e) => Ok(e),
+                    Ok(e) => self.without_dead_letters(p, Ok(e)),
                     Err(_) => self.read(p),
                 }
             }
@@ -322,12 +338,75 @@ impl Deliverer {
         if let Some(failure) = epoch.reader.take_failure() {
             return Err(failure);
         }
-        outcome?;
+        if let Err(e) = outcome {
+            return Err(self.refused(epoch, e));
+        }
         failpoint("committer::deliver::after")?;
         self.d.delivered = Some(p.info.id);
         self.d.unmarked += 1;
-        self.shared.note_delivered(p.info.records, p.info.bytes);
+        self.shared.note_delivered(epoch.len(), epoch.bytes());
         Ok(())
+    }
+
+    /// The sink's error for `epoch`, or, when it is a rejection naming a record and a
+    /// dead-letter log is set, the record put there ([`ErrorKind::DeadLettered`]: the driver
+    /// delivers the epoch again at once, without it). Reads the epoch (I/O) to find the
+    /// record's bytes.
+    fn refused(&self, epoch: &Epoch, e: SinkError) -> Error {
+        let (Some(index), Some(dl)) = (e.record(), self.shared.state().dead_letters()) else {
+            return e.into();
+        };
+        if e.class() != SinkErrorClass::Rejected {
+            return e.into();
+        }
+        let key = epoch.key();
+        let mut data = None;
+        for r in epoch.records() {
+            match r {
+                Ok(r) if r.position.index == index => {
+                    data = Some(r.data);
+                    break;
+                }
+                Ok(_) => {}
+                Err(read) => return read,
+            }
+        }
+        let Some(data) = data else {
+            return SinkError::permanent(format!(
+                "the sink refused record {index} of checkpoint {}, which this delivery does not hold (it has {} records{}): {}",
+                key.checkpoint,
+                epoch.len(),
+                if epoch.skipped().is_empty() { "" } else { ", some already dead-lettered" },
+                e.message()
+            ))
+            .into();
+        };
+        let time_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let letter = crate::DeadLetter {
+            seq: 0,
+            sink_id: key.sink_id.to_string(),
+            subtask: key.subtask,
+            checkpoint: key.checkpoint,
+            index,
+            class: e.class(),
+            code: e.code().map(str::to_owned),
+            message: e.message().to_string(),
+            time_ms,
+            attempt: 1,
+            origin: None,
+            data,
+        };
+        match dl.put(letter) {
+            Ok(()) => ErrorKind::DeadLettered {
+                checkpoint: key.checkpoint,
+                index,
+                reason: e.to_string(),
+            }
+            .into(),
+            Err(put) => put,
+        }
     }
 
     /// Marks the epochs delivered but not yet marked, if any (I/O): before a driver stops
@@ -348,10 +427,16 @@ impl Deliverer {
     /// How long to wait before retrying after `e` at try `attempt` (from 1): exponential
     /// backoff with full jitter ([`Options::retry`](crate::Options::retry)), the longest delay
     /// after a permanent sink error (an operator has to act; retrying fast does not help).
+    /// No wait after [`ErrorKind::DeadLettered`]: the epoch goes again at once, without the
+    /// record.
     pub fn retry_delay(&self, e: &Error, attempt: u32) -> Duration {
         let retry = self.shared.retry_policy();
+        if matches!(e.kind(), ErrorKind::DeadLettered { .. }) {
+            return Duration::ZERO;
+        }
         let permanent = matches!(e.kind(), ErrorKind::Sink(s)
-            if matches!(s.class(), SinkErrorClass::Permanent | SinkErrorClass::Fenced));
+            if matches!(s.class(), SinkErrorClass::Permanent | SinkErrorClass::Fenced | SinkErrorClass::Rejected))
+            || matches!(e.kind(), ErrorKind::DeadLetterLimit { .. });
         if permanent {
             retry.max
         } else {
@@ -565,7 +650,8 @@ impl Deliverer {
         })
     }
 
-    /// Records the sink's outcome for the loaded epoch (no I/O): call it as soon as the sink
+    /// Records the sink's outcome for the loaded epoch (no I/O, but for a record refused into
+    /// the dead-letter log, which is read and put there): call it as soon as the sink
     /// answered, before waiting for the mark beside it, so that a driver stopped in between
     /// never leaves an epoch the sink took uncounted. See [`Deliverer::finish`].
     pub fn complete(

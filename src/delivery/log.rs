@@ -9,9 +9,10 @@
 
 use crate::delivery::catalog::EpochInfo;
 use crate::error::{Error, Result};
-use crate::{Epoch, EpochKey, RetryPolicy};
+use crate::{DeadLetters, Epoch, EpochKey, RetryPolicy};
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What delivery needs from a log. Every method is quick and takes the log's locks for
@@ -97,6 +98,8 @@ pub(crate) struct DeliveryState {
     /// Set while an epoch read ahead of its turn exists (being read, or read and not yet
     /// taken or dropped): one at a time, whatever the drivers do.
     reading_ahead: AtomicBool,
+    /// Where records the target refuses for good go, if anywhere.
+    dead_letters: Mutex<Option<Arc<dyn DeadLetters>>>,
 }
 
 impl DeliveryState {
@@ -122,6 +125,16 @@ impl DeliveryState {
         self.reading_ahead
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
+    }
+
+    /// The dead-letter log, if one is set.
+    pub(crate) fn dead_letters(&self) -> Option<Arc<dyn DeadLetters>> {
+        self.dead_letters.lock().clone()
+    }
+
+    /// Sets (or, with `None`, removes) the dead-letter log.
+    pub(crate) fn set_dead_letters(&self, d: Option<Arc<dyn DeadLetters>>) {
+        *self.dead_letters.lock() = d;
     }
 
     /// Gives the read-ahead slot back.

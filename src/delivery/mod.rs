@@ -4,6 +4,7 @@
 pub(crate) mod catalog;
 pub(crate) mod commit_store;
 pub(crate) mod committer;
+pub(crate) mod dead_letter;
 pub(crate) mod deliverer;
 pub(crate) mod log;
 pub(crate) mod owner;

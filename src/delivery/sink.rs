@@ -51,6 +51,44 @@ pub struct Epoch {
     pub(crate) reader: Arc<Reader>,
     /// The chunks, read and verified before delivery, for an epoch within one chunk.
     pub(crate) loaded: Option<Vec<RawChunk>>,
+    /// Indices of records left out (already in the dead-letter log), ascending.
+    pub(crate) skip: Skip,
+}
+
+/// The records an [`Epoch`] leaves out, and their payload bytes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Skip {
+    indices: Arc<[u64]>,
+    bytes: u64,
+}
+
+impl Skip {
+    /// `indices` (any order, duplicates allowed) with `bytes` payload bytes in all.
+    pub(crate) fn new(mut indices: Vec<u64>, bytes: u64) -> Skip {
+        indices.sort_unstable();
+        indices.dedup();
+        Skip {
+            indices: indices.into(),
+            bytes,
+        }
+    }
+
+    #[inline]
+    fn has(&self, index: u64) -> bool {
+        !self.indices.is_empty() && self.indices.binary_search(&index).is_ok()
+    }
+
+    /// How many of the indices lie in `first..first + count`.
+    fn within(&self, first: u64, count: u64) -> u64 {
+        if self.indices.is_empty() {
+            return 0;
+        }
+        let lo = self.indices.partition_point(|&i| i < first);
+        let hi = self
+            .indices
+            .partition_point(|&i| i < first.saturating_add(count));
+        (hi - lo) as u64
+    }
 }
 
 impl Epoch {
@@ -74,19 +112,28 @@ impl Epoch {
         &self.metadata
     }
 
-    /// Number of records.
+    /// Number of records handed to the sink: the records of the epoch, less those left out
+    /// ([`Epoch::skipped`]).
     pub fn len(&self) -> u64 {
-        self.records
+        self.records - self.skip.indices.len() as u64
     }
 
-    /// True for an epoch without records.
+    /// True for an epoch without records to deliver.
     pub fn is_empty(&self) -> bool {
-        self.records == 0
+        self.len() == 0
     }
 
-    /// Total payload bytes.
+    /// Total payload bytes of the records handed to the sink.
     pub fn bytes(&self) -> u64 {
-        self.bytes
+        self.bytes - self.skip.bytes
+    }
+
+    /// Indices of the records left out of this delivery, ascending: records the target
+    /// refused for good, already held by the log's dead-letter log (`docs/design.md`, "Dead
+    /// letters"). Reading the epoch passes over them; every other record keeps its
+    /// position, so positions stay idempotency keys. Empty for almost every epoch.
+    pub fn skipped(&self) -> &[u64] {
+        &self.skip.indices
     }
 
     /// The records in append order, in verified chunks of at most 8 MiB (or one record, when
@@ -167,6 +214,7 @@ pub struct Chunk {
     count: u64,
     checkpoint: u64,
     reader: Arc<Reader>,
+    skip: Skip,
 }
 
 impl Chunk {
@@ -179,17 +227,18 @@ impl Chunk {
         }
     }
 
-    /// Records in the chunk.
+    /// Records of the chunk handed to the sink (those its epoch leaves out,
+    /// [`Epoch::skipped`], do not count).
     pub fn len(&self) -> u64 {
-        self.count
+        self.count - self.skip.within(self.first, self.count)
     }
 
-    /// True for a chunk without records (never handed out).
+    /// True for a chunk without records to deliver.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.len() == 0
     }
 
-    /// Index in the epoch of the chunk's first record.
+    /// Index in the epoch of the chunk's first record (left out or not).
     pub fn first_index(&self) -> u64 {
         self.first
     }
@@ -213,20 +262,29 @@ impl Iterator for ChunkRecords<'_> {
     type Item = Record;
 
     fn next(&mut self) -> Option<Record> {
-        let f = crate::log::format::peek_frame(&self.chunk.buf, self.at)?;
-        let start = self.at + crate::log::format::FRAME_HEADER_LEN;
-        let data = self.chunk.buf.slice(start..start + f.payload.len());
-        self.at += f.size;
-        let position = RecordPosition {
-            checkpoint: self.chunk.checkpoint,
-            index: self.index,
-        };
-        self.index += 1;
-        Some(Record { position, data })
+        loop {
+            let f = crate::log::format::peek_frame(&self.chunk.buf, self.at)?;
+            let start = self.at + crate::log::format::FRAME_HEADER_LEN;
+            let len = f.payload.len();
+            self.at += f.size;
+            let index = self.index;
+            self.index += 1;
+            if self.chunk.skip.has(index) {
+                continue;
+            }
+            let position = RecordPosition {
+                checkpoint: self.chunk.checkpoint,
+                index,
+            };
+            let data = self.chunk.buf.slice(start..start + len);
+            return Some(Record { position, data });
+        }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = (self.chunk.first + self.chunk.count - self.index) as usize;
+        let end = self.chunk.first + self.chunk.count;
+        let left =
+            (end - self.index - self.chunk.skip.within(self.index, end - self.index)) as usize;
         (left, Some(left))
     }
 }
@@ -308,6 +366,7 @@ fn next_chunk(epoch: &Epoch, state: &mut ChunksState) -> Option<crate::Result<Ch
         count: raw.count,
         checkpoint: epoch.key.checkpoint,
         reader: reader.clone(),
+        skip: epoch.skip.clone(),
     }))
 }
 
@@ -338,10 +397,14 @@ impl Iterator for Records<'_> {
             if let Some(c) = &self.current {
                 if let Some(f) = crate::log::format::peek_frame(&c.buf, self.at) {
                     let start = self.at + crate::log::format::FRAME_HEADER_LEN;
-                    let data = c.buf.slice(start..start + f.payload.len());
+                    let len = f.payload.len();
                     self.at += f.size;
                     let index = self.index;
                     self.index += 1;
+                    if c.skip.has(index) {
+                        continue;
+                    }
+                    let data = c.buf.slice(start..start + len);
                     return Some(Ok(Record {
                         position: RecordPosition {
                             checkpoint: c.checkpoint,
@@ -459,6 +522,7 @@ pub(crate) fn load_epoch(
         bytes: e.bytes,
         reader,
         loaded,
+        skip: Skip::default(),
     })
 }
 
@@ -490,5 +554,6 @@ pub(crate) fn load_tail(
         bytes,
         reader,
         loaded: None,
+        skip: Skip::default(),
     }
 }

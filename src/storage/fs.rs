@@ -88,6 +88,27 @@ impl FsStorage {
         })
     }
 
+    /// Uses the existing directory `dir`, creating nothing: for readers of a directory that
+    /// must not appear because it was named (`walsink dlq list` of a mistyped path).
+    ///
+    /// # Errors
+    /// `NotFound` when `dir` does not exist; the I/O error of opening it.
+    pub fn existing(dir: impl AsRef<Path>) -> io::Result<Self> {
+        let dir = dir.as_ref().to_path_buf();
+        let handle = Arc::new(File::open(&dir)?);
+        if !handle.metadata()?.is_dir() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("{} is not a directory", dir.display()),
+            ));
+        }
+        Ok(FsStorage {
+            dir,
+            handle,
+            file_mode: PRIVATE_FILE_MODE,
+        })
+    }
+
     /// Gives `f` exactly the file mode (the umask may have taken bits away).
     fn set_mode(&self, f: &File) -> io::Result<()> {
         use std::os::unix::fs::PermissionsExt;

@@ -471,6 +471,19 @@ impl WalSink {
         committer::spawn(self.shared.clone(), sink)
     }
 
+    /// Sets the dead-letter log (or, with `None`, removes it): from the next epoch a deliverer
+    /// reads on, records it holds for an epoch are left out of it
+    /// ([`Epoch::skipped`](crate::Epoch::skipped)), and a record the sink refuses with a
+    /// [`SinkErrorClass::Rejected`](crate::SinkErrorClass::Rejected) error naming it
+    /// ([`SinkError::at_record`](crate::SinkError::at_record)) is put there durably before the
+    /// epoch is delivered again without it (`docs/design.md`, "Dead letters"). Without one, such
+    /// an error is retried like a permanent one and nothing is skipped. Set it before the
+    /// first delivery, and keep it across restarts: the records it holds stay out of their
+    /// epochs only while it is set.
+    pub fn set_dead_letters(&self, dead_letters: Option<std::sync::Arc<dyn crate::DeadLetters>>) {
+        self.shared.delivery.set_dead_letters(dead_letters);
+    }
+
     /// Takes the right to deliver this log and returns the delivery protocol as steps, for a
     /// driver of its own (an async runtime, a sink that needs its own thread). Fails with
     /// `InvalidOperation` while another deliverer (a committer thread, `deliver_ready`) runs.

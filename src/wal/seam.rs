@@ -85,10 +85,16 @@ impl DeliveryLog for Shared {
     /// A delivery or mark failed, at the `attempt`-th try of the same epoch.
     fn note_error(&self, e: &Error, attempt: u32) {
         let mut cat = self.cat.lock();
+        if matches!(e.kind(), ErrorKind::DeadLettered { .. }) {
+            // Not a failure: the epoch goes again at once without the record.
+            cat.health.dead_letters += 1;
+            return;
+        }
         cat.health.errors += 1;
         let counts = &mut cat.health.error_counts;
         match e.kind() {
             ErrorKind::Sink(s) if s.class() == SinkErrorClass::Retryable => counts.retryable += 1,
+            ErrorKind::Sink(s) if s.class() == SinkErrorClass::Rejected => counts.rejected += 1,
             ErrorKind::Sink(_) => counts.permanent += 1,
             _ => counts.log += 1,
         }

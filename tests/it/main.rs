@@ -10,6 +10,7 @@ mod backward_compatibility;
 #[cfg(feature = "simulation")]
 mod crash_consistency;
 mod damaged_logs;
+mod dead_letters;
 mod delivery;
 mod delivery_bookkeeping;
 mod dir_sink;

@@ -165,6 +165,11 @@ pub async fn deliver_ready<S: AsyncSink>(wal: &Arc<WalSink>, sink: &mut S) -> Re
         match r {
             Ok(Step::Done) => n += 1,
             Ok(Step::Idle) => return Ok(n),
+            Err(e) if matches!(e.kind(), walsink::ErrorKind::DeadLettered { .. }) => {
+                // The record is in the dead-letter log; the epoch goes again without it.
+                tracing::warn!(error = %e, "a record went to the dead-letter log");
+                d.note_error(&e, 1);
+            }
             Err(e) => {
                 d.note_error(&e, 1);
                 let _ = blocking(d, |d| d.flush()).await;
@@ -280,6 +285,11 @@ async fn run<S: AsyncSink>(
                     _ = stop.changed() => {}
                     _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                 }
+            }
+            Err(e) if matches!(e.kind(), walsink::ErrorKind::DeadLettered { .. }) => {
+                // The record is in the dead-letter log; the epoch goes again without it.
+                tracing::warn!(error = %e, "a record went to the dead-letter log");
+                d.note_error(&e, attempt);
             }
             Err(e) => {
                 attempt = attempt.saturating_add(1);

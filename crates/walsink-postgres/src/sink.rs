@@ -706,7 +706,7 @@ impl PgSink {
             let copy = client
                 .copy_in::<_, Bytes>(&c.copy_sql)
                 .await
-                .map_err(|e| sink_error(&format!("COPY into {table}"), e))?;
+                .map_err(|e| copy_error(&table, e, epoch))?;
             futures_util::pin_mut!(copy);
             let mut buf = BytesMut::with_capacity(cap + (64 << 10));
             mapping::copy_header(&mut buf);
@@ -721,10 +721,11 @@ impl PgSink {
                 for r in chunk.records() {
                     mapping::encode_row(&*mapping, &c.columns, &key, &r, &mut buf).map_err(
                         |e| {
-                            SinkError::permanent(format!(
+                            SinkError::rejected(format!(
                                 "map record {} of checkpoint {} to a row of {table}: {e}",
                                 r.position.index, key.checkpoint
                             ))
+                            .at_record(r.position.index)
                         },
                     )?;
                     if buf.len() >= cap {
@@ -732,19 +733,19 @@ impl PgSink {
                             std::mem::replace(&mut buf, BytesMut::with_capacity(cap + (64 << 10)));
                         copy.send(full.freeze())
                             .await
-                            .map_err(|e| sink_error(&format!("COPY into {table}"), e))?;
+                            .map_err(|e| copy_error(&table, e, epoch))?;
                     }
                 }
             }
             mapping::copy_trailer(&mut buf);
             copy.send(buf.freeze())
                 .await
-                .map_err(|e| sink_error(&format!("COPY into {table}"), e))?;
+                .map_err(|e| copy_error(&table, e, epoch))?;
             let n = copy
                 .as_mut()
                 .finish()
                 .await
-                .map_err(|e| sink_error(&format!("COPY into {table}"), e))?;
+                .map_err(|e| copy_error(&table, e, epoch))?;
             if n != epoch.len() {
                 return Err(SinkError::permanent(format!(
                     "COPY into {table} took {n} rows of checkpoint {}'s {} records (a rule or trigger on the table?)",
@@ -894,5 +895,69 @@ pub fn class_of(e: &SinkError) -> Class {
     match e.class() {
         walsink::SinkErrorClass::Permanent | walsink::SinkErrorClass::Fenced => Class::Permanent,
         _ => Class::Retryable,
+    }
+}
+
+/// A COPY failure as a [`SinkError`]; a data exception or integrity violation (SQLSTATE
+/// class 22 or 23) that the server places on a row of the COPY (`COPY t, line N`) is a
+/// rejection of that row's record ([`SinkError::at_record`]), so that with a dead-letter log
+/// the record goes there and the rest of the epoch is delivered again. The transaction is
+/// rolled back either way.
+fn copy_error(table: &str, e: tokio_postgres::Error, epoch: &Epoch) -> SinkError {
+    let line = e.as_db_error().and_then(|db| {
+        let code = db.code().code();
+        if !(code.starts_with("22") || code.starts_with("23")) {
+            return None;
+        }
+        copy_line(db.where_()?)
+    });
+    let err = sink_error(&format!("COPY into {table}"), e);
+    let Some(line) = line else {
+        return err;
+    };
+    // Row N of the COPY is the N-th record handed over (records left out do not count).
+    let index = line
+        .checked_sub(1)
+        .and_then(|n| epoch.records().nth(n as usize))
+        .and_then(|r| r.ok())
+        .map(|r| r.position.index);
+    match index {
+        Some(i) => {
+            let mut r = SinkError::rejected(format!("{} (record {i})", err.message())).at_record(i);
+            if let Some(code) = err.code() {
+                r = r.with_code(code);
+            }
+            r
+        }
+        None => err,
+    }
+}
+
+/// The row number in a COPY's error context: `COPY t, line 5` or `COPY t, line 5, column c`.
+fn copy_line(context: &str) -> Option<u64> {
+    let first = context.lines().next()?;
+    let rest = first.strip_prefix("COPY ")?;
+    let at = rest.rfind(", line ")?;
+    let digits: String = rest[at + 7..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod copy_line_tests {
+    use super::copy_line;
+
+    #[test]
+    fn the_row_of_a_copy_error_is_read_from_its_context() {
+        assert_eq!(copy_line("COPY t, line 5"), Some(5));
+        assert_eq!(
+            copy_line("COPY \"Odd, line 9\", line 12, column v"),
+            Some(12)
+        );
+        assert_eq!(copy_line("COPY t, line 3, column v: \"abc\""), Some(3));
+        assert_eq!(copy_line("SQL statement \"SELECT 1\""), None);
+        assert_eq!(copy_line("COPY t"), None);
     }
 }

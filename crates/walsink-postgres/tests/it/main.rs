@@ -6,6 +6,8 @@
 
 mod common;
 
+mod dead_letters;
+
 mod ownership;
 #[cfg(feature = "testkit")]
 mod private_cluster;

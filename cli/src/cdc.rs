@@ -332,6 +332,8 @@ fn run_input(
                 json: false,
                 quiet: args.quiet,
                 metrics_addr: args.metrics_addr.clone(),
+                dead_letter: None,
+                max_dead_letters: None,
             };
             let hooks = crate::pipe::Hooks {
                 name: "cdc",

@@ -29,6 +29,11 @@ pub struct WatchState {
     pub last_code: Option<String>,
     /// Standard output was closed by its reader.
     pub stdout_closed: bool,
+    /// A dead-letter log is set: a rejection that names its record goes there and is not a
+    /// failed attempt.
+    pub dead_letters: bool,
+    /// The dead-letter log is full (`--max-dead-letters`): what it refused.
+    pub dead_letter_limit: Option<String>,
 }
 
 /// Shared handle on [`WatchState`].
@@ -59,6 +64,11 @@ pub fn check(watch: &Watch, limits: Limits, target: &str) -> Option<Stop> {
     let w = watch.lock().unwrap_or_else(|p| p.into_inner());
     if w.stdout_closed {
         return Some(Stop::StdoutClosed);
+    }
+    if let Some(full) = &w.dead_letter_limit {
+        return Some(Stop::GaveUp(format!(
+            "delivery to {target} stopped: {full}"
+        )));
     }
     let err = w.last_error.as_deref().unwrap_or("unknown error");
     if w.last_class == Some(SinkErrorClass::Fenced) {
@@ -110,8 +120,18 @@ impl<S: Sink> Watched<S> {
             }
             Err(e) => {
                 w.failing_since.get_or_insert_with(Instant::now);
+                let dead_lettered =
+                    w.dead_letters && e.class() == SinkErrorClass::Rejected && e.record().is_some();
+                if dead_lettered {
+                    // Not a failure: the record goes to the dead-letter log and the
+                    // checkpoint again at once without it.
+                    return r;
+                }
                 w.attempts += 1;
-                if e.class() == SinkErrorClass::Permanent {
+                if matches!(
+                    e.class(),
+                    SinkErrorClass::Permanent | SinkErrorClass::Rejected
+                ) {
                     w.permanent += 1;
                 }
                 w.last_error = Some(e.to_string());
@@ -217,5 +237,59 @@ fn wait_until_read() -> std::io::Result<()> {
             return Err(std::io::ErrorKind::BrokenPipe.into());
         }
         wait_ms = (wait_ms * 2).min(50);
+    }
+}
+
+/// `pipe --dead-letter`'s log: a [`walsink::DirDeadLetters`] whose limit, once reached, stops
+/// the run (the watch says so) instead of retrying for ever.
+#[derive(Debug)]
+pub struct DeadLetterLog {
+    inner: walsink::DirDeadLetters,
+    watch: Watch,
+}
+
+impl DeadLetterLog {
+    /// Opens `spec` (`dir:PATH`) for `sink_id`'s shard 0, at most `limit` letters.
+    pub fn open(
+        spec: &str,
+        sink_id: &str,
+        limit: Option<u64>,
+        watch: Watch,
+    ) -> Result<DeadLetterLog, String> {
+        let Some(path) = spec.strip_prefix("dir:").filter(|p| !p.is_empty()) else {
+            return Err(format!(
+                "--dead-letter {spec}: give a directory as dir:PATH (the only kind of dead-letter log this build has)"
+            ));
+        };
+        let mut inner = walsink::DirDeadLetters::open(path, sink_id, 0)
+            .map_err(|e| format!("--dead-letter {spec}: {e}"))?;
+        if let Some(n) = limit {
+            inner = inner.with_limit(n);
+        }
+        watch.lock().unwrap_or_else(|p| p.into_inner()).dead_letters = true;
+        Ok(DeadLetterLog { inner, watch })
+    }
+
+    /// Letters in the log's file (this run's and earlier runs').
+    pub fn len(&self) -> u64 {
+        self.inner.len()
+    }
+}
+
+impl walsink::DeadLetters for DeadLetterLog {
+    fn held(&self, key: &EpochKey) -> walsink::Result<Vec<(u64, u64)>> {
+        self.inner.held(key)
+    }
+    fn put(&self, letter: walsink::DeadLetter) -> walsink::Result<()> {
+        let r = self.inner.put(letter);
+        if let Err(e) = &r {
+            if let walsink::ErrorKind::DeadLetterLimit { limit, .. } = e.kind() {
+                self.watch
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .dead_letter_limit = Some(format!("{e} (--max-dead-letters {limit})"));
+            }
+        }
+        r
     }
 }

@@ -236,6 +236,8 @@ pub fn run(args: DemoArgs) -> CliResult<ExitCode> {
         json: false,
         quiet: true,
         metrics_addr: None,
+        dead_letter: None,
+        max_dead_letters: None,
     };
     let note = |s: String| {
         if !args.quiet {

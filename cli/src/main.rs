@@ -27,6 +27,7 @@ mod deliver;
 mod demo;
 #[cfg(feature = "cdc")]
 mod demo_cdc;
+mod dlq;
 mod logging;
 mod metrics;
 #[cfg(feature = "cdc")]
@@ -130,6 +131,9 @@ enum Command {
     /// (--input) or from a PostgreSQL replication slot (--source); re-run to resume.
     #[cfg(feature = "cdc")]
     Cdc(cdc::CdcArgs),
+    /// Read a dead-letter log (`pipe --dead-letter dir:PATH`): the records the target
+    /// refused for good, with their positions and the target's answers.
+    Dlq(dlq::DlqArgs),
     /// Show the mission end to end: ship records through `pipe`, kill it with SIGKILL at
     /// random moments, restart it, and check that every record arrived exactly once.
     Demo(demo::DemoArgs),
@@ -147,7 +151,7 @@ impl Command {
             Command::Dump(a) => a.json,
             #[cfg(feature = "cdc")]
             Command::Cdc(_) => false,
-            Command::Demo(_) => false,
+            Command::Demo(_) | Command::Dlq(_) => false,
         }
     }
 
@@ -187,6 +191,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "cdc")]
         Command::Cdc(args) => cdc::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Dlq(args) => dlq::run(args),
     };
     match result {
         Ok(code) => code,

@@ -204,10 +204,17 @@ fn render_counters(t: &mut Text<'_>, h: &Health) {
     for (class, v) in [
         ("retryable", c.retryable),
         ("permanent", c.permanent),
+        ("rejected", c.rejected),
         ("log", c.log),
     ] {
         t.sample("walsink_retries_total", Some(("class", class)), v as f64);
     }
+    t.one(
+        "walsink_dead_letters_total",
+        "counter",
+        "Records the target refused for good that went to the dead-letter log.",
+        h.dead_letters as f64,
+    );
     t.one(
         "walsink_corruptions_total",
         "counter",

@@ -609,6 +609,17 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         }
         None => None,
     };
+    let dead_letters = match &args.dead_letter {
+        Some(spec) => {
+            let dl = std::sync::Arc::new(
+                deliver::DeadLetterLog::open(spec, &sink_id, args.max_dead_letters, watch.clone())
+                    .map_err(Refused)?,
+            );
+            wal.set_dead_letters(Some(dl.clone()));
+            Some((dl.len(), dl))
+        }
+        None => None,
+    };
     let committer = wal.spawn_committer(sink)?;
     let start_offset = source.offset();
     let progress = Reporter::new(
@@ -724,6 +735,10 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
             "epochs_delivered": h.delivered_epochs,
             "records_delivered": h.delivered_records,
             "records_undelivered": undelivered,
+            "dead_letters": dead_letters.as_ref().map(|(_, d)| json!({
+                "this_run": h.dead_letters,
+                "in_log": d.len(),
+            })),
             "wal": wal_shown,
             // A URL target as it shows itself: without its password or token.
             "sink": match &sink_spec {
@@ -784,8 +799,16 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         }
         None => {
             if !args.json {
+                let dead = match &dead_letters {
+                    Some((_, d)) if h.dead_letters > 0 || d.len() > 0 => format!(
+                        "; {} went to the dead-letter log in this run ({} there in all)",
+                        plural(h.dead_letters, "record"),
+                        d.len()
+                    ),
+                    _ => String::new(),
+                };
                 notice(format!(
-                    "input consumed ({} bytes); committed through checkpoint {committed_text}; {} delivered in this run",
+                    "input consumed ({} bytes); committed through checkpoint {committed_text}; {} delivered in this run{dead}",
                     run.source.offset(),
                     plural(h.delivered_epochs, "epoch")
                 ));
@@ -800,6 +823,8 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
 pub(crate) fn next_step(msg: &str) -> &'static str {
     if msg.contains("fenced") {
         "another log owns the shard now, so re-running this command is refused and this log delivers none of them; take the shard back with --take-over only if that other log is gone"
+    } else if msg.contains("--max-dead-letters") {
+        "look at the refused records with `walsink dlq list`, then fix the target or the records, or re-run with a higher --max-dead-letters"
     } else {
         "fix the target and re-run the same command"
     }

@@ -88,6 +88,17 @@ pub struct PipeArgs {
     /// free one, printed in the start notice.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
+    /// Where records the target refuses for good go (a CHECK constraint, a value too long,
+    /// an HTTP 422), as `dir:PATH`: each one durably, with its position (sink, shard,
+    /// checkpoint, index), the target's code and message and a time, before the rest of its
+    /// checkpoint is delivered without it. Read them with `walsink dlq list PATH`. Without
+    /// it, such a record stops delivery (--max-retries).
+    #[arg(long, value_name = "dir:PATH")]
+    pub dead_letter: Option<String>,
+    /// Stop (exit 2) rather than put more than this many records into the dead-letter log;
+    /// the record past the limit stays in the log.
+    #[arg(long, value_name = "N", requires = "dead_letter")]
+    pub max_dead_letters: Option<u64>,
 }
 
 /// The long help of `--sink`: every target this build knows, URL schemes included.

@@ -10,6 +10,7 @@ mod cdc;
 mod cdc_exact_contents;
 mod cdc_kill_loop;
 mod cli;
+mod dead_letters;
 mod exactly_once;
 mod follow_rotation;
 #[cfg(feature = "http")]

@@ -721,11 +721,13 @@ impl PgSink {
                 for r in chunk.records() {
                     mapping::encode_row(&*mapping, &c.columns, &key, &r, &mut buf).map_err(
                         |e| {
-                            SinkError::rejected(format!(
+                            // Permanent, not a rejection of the record: a mapping error
+                            // is as often the table's (a column of a type the mapping
+                            // cannot fill, which every record would meet) as the record's.
+                            SinkError::permanent(format!(
                                 "map record {} of checkpoint {} to a row of {table}: {e}",
                                 r.position.index, key.checkpoint
                             ))
-                            .at_record(r.position.index)
                         },
                     )?;
                     if buf.len() >= cap {

@@ -505,12 +505,27 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         .as_deref()
         .map(crate::metrics::Bound::bind)
         .transpose()?;
+    let watch = Watch::default();
+    // The dead-letter log is opened (and locked) before the log is opened and the shard
+    // claimed: a run refused for it must leave nothing behind, least of all a raised
+    // generation that fences the run that holds it.
+    let dead_letters = match &args.dead_letter {
+        Some(spec) => {
+            let dl = std::sync::Arc::new(deliver::DeadLetterLog::open(
+                spec,
+                &sink_id,
+                args.max_dead_letters,
+                watch.clone(),
+            )?);
+            Some((dl.len(), dl))
+        }
+        None => None,
+    };
     let (wal, report) = WalSink::open(&args.wal, opts).map_err(|e| explain_open(e, &args.wal))?;
     let wal = std::sync::Arc::new(wal);
     // The sink claims the shard before the target is read for where to resume: a log taken
     // over cannot commit after the claim, so what is read next is final.
     let owner = walsink::Owner::new(wal.log_id()).take_over(args.take_over);
-    let watch = Watch::default();
     // Another log owns the shard: a refusal the user acts on (exit 1), like another log's
     // target found by its markers.
     let fenced_refusal = |e: String| -> Box<dyn std::error::Error> {
@@ -609,17 +624,9 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         }
         None => None,
     };
-    let dead_letters = match &args.dead_letter {
-        Some(spec) => {
-            let dl = std::sync::Arc::new(
-                deliver::DeadLetterLog::open(spec, &sink_id, args.max_dead_letters, watch.clone())
-                    .map_err(Refused)?,
-            );
-            wal.set_dead_letters(Some(dl.clone()));
-            Some((dl.len(), dl))
-        }
-        None => None,
-    };
+    if let Some((_, dl)) = &dead_letters {
+        wal.set_dead_letters(Some(dl.clone()));
+    }
     let committer = wal.spawn_committer(sink)?;
     let start_offset = source.offset();
     let progress = Reporter::new(

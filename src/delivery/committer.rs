@@ -77,7 +77,7 @@ pub(crate) fn step(d: &mut Deliverer, sink: &mut dyn Sink, ahead: &mut Ahead) ->
     )
     .entered();
     let deliver = |sink: &mut dyn Sink| {
-        if epoch.is_empty() {
+        if !epoch.goes_to(sink.stores_marker()) {
             Ok(())
         } else {
             guarded(|| sink.deliver(&epoch))

@@ -128,6 +128,15 @@ impl Epoch {
         self.bytes - self.skip.bytes
     }
 
+    /// Whether a driver hands this epoch to a sink (which keeps its own marker when
+    /// `stores_marker`): an epoch with records, and an epoch every record of which is in the
+    /// dead-letter log when the sink keeps a marker, so that the target records the checkpoint
+    /// as done (without its marker, a log that later resumes from the target would write that
+    /// checkpoint again). A log's empty epochs are never handed over.
+    pub fn goes_to(&self, stores_marker: bool) -> bool {
+        !self.is_empty() || (stores_marker && !self.skipped().is_empty())
+    }
+
     /// Indices of the records left out of this delivery, ascending: records the target
     /// refused for good, already held by the log's dead-letter log (`docs/design.md`, "Dead
     /// letters"). Reading the epoch passes over them; every other record keeps its
@@ -437,7 +446,9 @@ impl Iterator for Records<'_> {
 ///
 /// # Contract
 /// - [`Sink::deliver`] is called with epochs strictly in checkpoint order, one at a time,
-///   from the committer's thread. Epoch `n + 1` is never delivered before `n` succeeded.
+///   from the committer's thread. An epoch without records is not delivered, except to a
+///   sink that stores its marker when every record of the epoch is in the dead-letter log
+///   ([`Epoch::goes_to`]): then it gets the epoch empty, to record the marker. Epoch `n + 1` is never delivered before `n` succeeded.
 /// - It returns `Ok` only when the whole epoch is durable in the target. An `Err` makes the
 ///   committer retry the *same* epoch later, with backoff; nothing is skipped.
 /// - After a crash, the same epoch (same key, same records, same positions) may be delivered

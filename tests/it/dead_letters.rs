@@ -396,3 +396,41 @@ fn dead_letter_files_are_private() {
     assert_eq!(mode(&dir.path().join("dlq")), 0o700);
     assert_eq!(mode(&dir.path().join("dlq/dl@0.wdl")), 0o600);
 }
+
+#[test]
+fn an_epoch_whose_every_record_is_refused_still_leaves_its_marker_in_the_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = open(dir.path());
+    wal.set_dead_letters(Some(Arc::new(
+        DirDeadLetters::open(dir.path().join("dlq"), "dl", 0).unwrap(),
+    )));
+    seal(&wal, 1, 3, |_, _| true);
+    seal(&wal, 2, 3, |_, i| i != 1);
+    let mut t = Table::default();
+    wal.deliver_ready(&mut t).unwrap();
+    assert_eq!(
+        t.markers.lock().iter().copied().collect::<Vec<_>>(),
+        vec![1, 2],
+        "the target knows checkpoint 1 is done, though it holds none of its records"
+    );
+    assert_eq!(t.rows.lock().len(), 1);
+    assert_eq!(wal.health().dead_letters, 5);
+}
+
+#[test]
+fn a_damaged_last_letter_is_an_error_not_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dl@0.wdl");
+    let d = DirDeadLetters::open(dir.path(), "dl", 0).unwrap();
+    d.put(letter(1, 0, b"one")).unwrap();
+    d.put(letter(1, 1, b"two")).unwrap();
+    drop(d);
+    let mut bad = std::fs::read(&path).unwrap();
+    let n = bad.len();
+    bad[n - 5] ^= 1;
+    std::fs::write(&path, &bad).unwrap();
+    let e = DirDeadLetters::open(dir.path(), "dl", 0).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Corruption(_)), "{e}");
+    assert!(DirDeadLetters::read_all(dir.path()).is_err());
+    assert_eq!(std::fs::read(&path).unwrap(), bad, "nothing was cut");
+}

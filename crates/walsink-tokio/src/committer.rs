@@ -117,7 +117,7 @@ async fn step<S: AsyncSink>(
         let id = next.checkpoint();
         *ahead = Some((id, tokio::task::spawn_blocking(move || next.read())));
     }
-    let outcome = if epoch.is_empty() {
+    let outcome = if !epoch.goes_to(sink.stores_marker()) {
         Ok(())
     } else {
         guarded(|| sink.deliver(&epoch).instrument(span)).await

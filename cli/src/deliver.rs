@@ -252,6 +252,7 @@ impl DeadLetterLog {
     /// Opens `spec` (`dir:PATH`) for `sink_id`'s shard 0, at most `limit` letters.
     pub fn open(
         spec: &str,
+        wal: &std::path::Path,
         sink_id: &str,
         limit: Option<u64>,
         watch: Watch,
@@ -261,6 +262,17 @@ impl DeadLetterLog {
                 "--dead-letter {spec}: give a directory as dir:PATH (the only kind of dead-letter log this build has)"
             ));
         };
+        let same = |a: &std::path::Path, b: &std::path::Path| {
+            a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+        };
+        if same(std::path::Path::new(path), wal) {
+            return Err(format!(
+                "--dead-letter {spec}: that is the --wal directory; give the dead-letter log a directory of its own"
+            ));
+        }
+        if std::path::Path::new(path).exists() && !std::path::Path::new(path).is_dir() {
+            return Err(format!("--dead-letter {spec}: not a directory"));
+        }
         let mut inner = walsink::DirDeadLetters::open(path, sink_id, 0)
             .map_err(|e| format!("--dead-letter {spec}: {e}"))?;
         if let Some(n) = limit {
@@ -283,11 +295,20 @@ impl walsink::DeadLetters for DeadLetterLog {
     fn put(&self, letter: walsink::DeadLetter) -> walsink::Result<()> {
         let r = self.inner.put(letter);
         if let Err(e) = &r {
+            let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
             if let walsink::ErrorKind::DeadLetterLimit { limit, .. } = e.kind() {
-                self.watch
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .dead_letter_limit = Some(format!("{e} (--max-dead-letters {limit})"));
+                w.dead_letter_limit = Some(format!("{e} (--max-dead-letters {limit})"));
+            } else {
+                // The target is not at fault: say where the failure is, for the progress line
+                // and for giving up (--retry-deadline).
+                w.failing_since.get_or_insert_with(Instant::now);
+                w.attempts += 1;
+                w.last_error = Some(format!(
+                    "the dead-letter log in {} cannot take a refused record: {e}",
+                    self.inner.dir().display()
+                ));
+                w.last_class = None;
+                w.last_code = None;
             }
         }
         r

@@ -513,6 +513,7 @@ pub(crate) fn run_with(args: PipeArgs, hooks: Hooks) -> CliResult<ExitCode> {
         Some(spec) => {
             let dl = std::sync::Arc::new(deliver::DeadLetterLog::open(
                 spec,
+                &args.wal,
                 &sink_id,
                 args.max_dead_letters,
                 watch.clone(),

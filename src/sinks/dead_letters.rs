@@ -57,7 +57,8 @@ struct Inner {
     held: BTreeMap<u64, Vec<(u64, u64)>>,
     /// Letters in the file.
     count: u64,
-    /// A put failed half-way: the file's end is unknown until it is opened again.
+    /// A put failed half-way: the file may hold part of a letter past `end`, cut off
+    /// before the next put.
     broken: Option<String>,
 }
 
@@ -187,11 +188,15 @@ impl DirDeadLetters {
     }
 
     fn put_locked(&self, inner: &mut Inner, mut letter: DeadLetter) -> Result<()> {
-        if let Some(why) = &inner.broken {
-            return Err(Error::invalid_op(format!(
-                "the dead-letter log {} failed earlier ({why}); reopen it",
-                self.dir.join(&self.name).display()
-            )));
+        if inner.broken.is_some() {
+            // A put failed half-way (a full disk): cut the file back to its last whole letter
+            // and go on, once the disk takes that again.
+            if let Some(f) = &inner.file {
+                f.set_len(inner.end)
+                    .and_then(|()| f.sync_data())
+                    .map_err(|e| io(&self.dir, "repair", e))?;
+            }
+            inner.broken = None;
         }
         let first = inner.file.is_none();
         let file = match &inner.file {

@@ -257,6 +257,27 @@ fn a_dead_letter_log_that_is_not_a_directory_is_refused_naming_it() {
         !d.path().join("wal").exists(),
         "nothing made before the refusal"
     );
+    let wal = d.path().join("wal");
+    let same = format!("dir:{}", s(&wal));
+    let file = format!("dir:{}", s(&inp));
+    for (spec, says) in [
+        (same.as_str(), "the --wal directory"),
+        (file.as_str(), "not a directory"),
+    ] {
+        let o = walsink(&[
+            "pipe",
+            "--input",
+            s(&inp),
+            "--wal",
+            s(&wal),
+            "--sink",
+            &format!("dir:{}", s(&out)),
+            "--dead-letter",
+            spec,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{}", stderr(&o));
+    }
     let o = walsink(&["dlq", "list", s(&d.path().join("missing"))]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("missing"), "{}", stderr(&o));

@@ -706,7 +706,7 @@ impl PgSink {
             let copy = client
                 .copy_in::<_, Bytes>(&c.copy_sql)
                 .await
-                .map_err(|e| copy_error(&table, e, epoch))?;
+                .map_err(|e| copy_error(&table, e, epoch, &c.columns))?;
             futures_util::pin_mut!(copy);
             let mut buf = BytesMut::with_capacity(cap + (64 << 10));
             mapping::copy_header(&mut buf);
@@ -735,19 +735,19 @@ impl PgSink {
                             std::mem::replace(&mut buf, BytesMut::with_capacity(cap + (64 << 10)));
                         copy.send(full.freeze())
                             .await
-                            .map_err(|e| copy_error(&table, e, epoch))?;
+                            .map_err(|e| copy_error(&table, e, epoch, &c.columns))?;
                     }
                 }
             }
             mapping::copy_trailer(&mut buf);
             copy.send(buf.freeze())
                 .await
-                .map_err(|e| copy_error(&table, e, epoch))?;
+                .map_err(|e| copy_error(&table, e, epoch, &c.columns))?;
             let n = copy
                 .as_mut()
                 .finish()
                 .await
-                .map_err(|e| copy_error(&table, e, epoch))?;
+                .map_err(|e| copy_error(&table, e, epoch, &c.columns))?;
             if n != epoch.len() {
                 return Err(SinkError::permanent(format!(
                     "COPY into {table} took {n} rows of checkpoint {}'s {} records (a rule or trigger on the table?)",
@@ -905,10 +905,25 @@ pub fn class_of(e: &SinkError) -> Class {
 /// rejection of that row's record ([`SinkError::at_record`]), so that with a dead-letter log
 /// the record goes there and the rest of the epoch is delivered again. The transaction is
 /// rolled back either way.
-fn copy_error(table: &str, e: tokio_postgres::Error, epoch: &Epoch) -> SinkError {
+///
+/// A NOT NULL violation (23502) of a column the COPY does not write is the table's fault
+/// (every row would meet it), not the record's: it stays permanent.
+fn copy_error(
+    table: &str,
+    e: tokio_postgres::Error,
+    epoch: &Epoch,
+    written: &[(String, Type)],
+) -> SinkError {
     let line = e.as_db_error().and_then(|db| {
         let code = db.code().code();
         if !(code.starts_with("22") || code.starts_with("23")) {
+            return None;
+        }
+        if code == "23502"
+            && db
+                .column()
+                .is_some_and(|col| !written.iter().any(|(w, _)| w == col))
+        {
             return None;
         }
         copy_line(db.where_()?)

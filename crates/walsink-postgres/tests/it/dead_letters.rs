@@ -137,3 +137,34 @@ async fn a_refusal_that_is_not_a_rows_fault_stops_delivery() {
     );
     assert!(DirDeadLetters::read_all(&dlq).unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(
+    not(servers),
+    ignore = "needs WALSINK_TEST_SERVERS=1 and a local PostgreSQL"
+)]
+async fn a_not_null_column_the_sink_does_not_write_is_the_tables_fault_not_a_records() {
+    // An outside run found every row dead-lettered for such a column.
+    let pg = Pg::new(SHARED, "");
+    client(SHARED)
+        .await
+        .batch_execute(&format!(
+            "CREATE TABLE {} (sink_id text NOT NULL, subtask integer NOT NULL, checkpoint bigint NOT NULL, idx bigint NOT NULL, payload bytea NOT NULL, extra text NOT NULL)",
+            pg.table
+        ))
+        .await
+        .unwrap();
+    let id = unique("dlq_nn");
+    let log = open(&id);
+    let dlq = log.dir.path().join("dlq");
+    log.wal
+        .set_dead_letters(Some(Arc::new(DirDeadLetters::open(&dlq, &id, 0).unwrap())));
+    append(&log.wal, 1, 5, |_| false);
+    let mut sink = PgSink::new(pg.config());
+    let e = deliver_ready(&log.wal, &mut sink).await.unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::Sink(s) if s.class() == SinkErrorClass::Permanent && s.code() == Some("23502")),
+        "{e}"
+    );
+    assert!(DirDeadLetters::read_all(&dlq).unwrap().is_empty());
+}

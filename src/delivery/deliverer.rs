@@ -284,8 +284,7 @@ impl Deliverer {
         if let Some(dl) = self.shared.state().dead_letters() {
             let held = dl.held(&p.key)?;
             if !held.is_empty() {
-                let bytes = held.iter().map(|&(_, len)| len).sum();
-                epoch.skip = Skip::new(held.into_iter().map(|(i, _)| i).collect(), bytes);
+                epoch.skip = Skip::new(held, epoch.records);
             }
         }
         Ok(epoch)

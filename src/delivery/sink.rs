@@ -63,13 +63,17 @@ pub(crate) struct Skip {
 }
 
 impl Skip {
-    /// `indices` (any order, duplicates allowed) with `bytes` payload bytes in all.
-    pub(crate) fn new(mut indices: Vec<u64>, bytes: u64) -> Skip {
-        indices.sort_unstable();
-        indices.dedup();
+    /// The records `held` names, each as (index, payload length), in any order, for an
+    /// epoch of `records` records: each index once, and none the epoch does not have (a
+    /// letter of another log under the same sink id and checkpoint), so that the counts of
+    /// what is handed over can never go below zero.
+    pub(crate) fn new(mut held: Vec<(u64, u64)>, records: u64) -> Skip {
+        held.retain(|&(i, _)| i < records);
+        held.sort_unstable_by_key(|&(i, _)| i);
+        held.dedup_by_key(|&mut (i, _)| i);
         Skip {
-            indices: indices.into(),
-            bytes,
+            bytes: held.iter().map(|&(_, len)| len).sum(),
+            indices: held.into_iter().map(|(i, _)| i).collect(),
         }
     }
 
@@ -125,7 +129,7 @@ impl Epoch {
 
     /// Total payload bytes of the records handed to the sink.
     pub fn bytes(&self) -> u64 {
-        self.bytes - self.skip.bytes
+        self.bytes.saturating_sub(self.skip.bytes)
     }
 
     /// Whether a driver hands this epoch to a sink (which keeps its own marker when

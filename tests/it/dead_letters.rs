@@ -434,3 +434,34 @@ fn a_damaged_last_letter_is_an_error_not_cut_off() {
     assert!(DirDeadLetters::read_all(dir.path()).is_err());
     assert_eq!(std::fs::read(&path).unwrap(), bad, "nothing was cut");
 }
+
+/// Holds letters a log never wrote for this epoch: an index past its end, and one twice.
+#[derive(Debug)]
+struct Foreign;
+
+impl DeadLetters for Foreign {
+    fn held(&self, _: &EpochKey) -> walsink::Result<Vec<(u64, u64)>> {
+        Ok(vec![(1, 4), (1, 4), (99, 1_000_000)])
+    }
+    fn put(&self, _: DeadLetter) -> walsink::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn letters_naming_records_an_epoch_does_not_have_are_passed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = open(dir.path());
+    wal.set_dead_letters(Some(Arc::new(Foreign)));
+    let want = seal(&wal, 1, 3, |_, _| false);
+    let mut t = Table::default();
+    wal.deliver_ready(&mut t).unwrap();
+    let got: Vec<Vec<u8>> = t.rows.lock().iter().map(|r| r.2.clone()).collect();
+    assert_eq!(got, vec![want[0].clone(), want[2].clone()]);
+    assert_eq!(wal.health().delivered_records, 2);
+    assert_eq!(
+        wal.health().delivered_bytes,
+        8,
+        "r1-0 and r1-2, 4 bytes each"
+    );
+}
